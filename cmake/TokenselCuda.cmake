@@ -1,0 +1,27 @@
+# Optional CUDA: the CUDA targets exist only when a CUDA compiler is usable.
+# Sets TOKENSEL_HAVE_CUDA. Targets architectures sm_80 (A100) and sm_90 (H100).
+include_guard(GLOBAL)
+include(CheckLanguage)
+
+set(TOKENSEL_HAVE_CUDA OFF)
+if(NOT TOKENSEL_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS "/usr/local/cuda/bin/nvcc")
+    set(CMAKE_CUDA_COMPILER "/usr/local/cuda/bin/nvcc")
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 does not know nvcc 13 C++20 flags
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(TOKENSEL_HAVE_CUDA ON)
+    message(STATUS "tokensel: CUDA targets enabled (${CMAKE_CUDA_COMPILER}, sm_${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(TOKENSEL_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "TOKENSEL_CUDA=ON but no CUDA compiler was found")
+  else()
+    message(STATUS "tokensel: no CUDA compiler; building the CPU backend only")
+  endif()
+endif()

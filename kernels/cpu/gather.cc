@@ -1,0 +1,37 @@
+// GatherTokens on the CPU: validate metadata, validate every index, then copy
+// one C-element row per retained token, rows in parallel.
+#include "common/status_macros.h"
+#include "kernels/cpu/copy_rows.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/gather_math.h"
+
+namespace tokensel::kernels::cpu {
+
+absl::Status GatherTokens(const GatherTokensArgs& args, ThreadPool* pool) {
+  RETURN_IF_ERROR(ValidateGatherTokens(args));
+  const TensorView& act = args.activations;
+  const TensorView& idx = args.indices;
+  const TensorView& out = args.out;
+  const bool batch_first = args.batch_first;
+  const TokenDims d = GetTokenDims(act, idx, batch_first);
+  RETURN_IF_ERROR(CheckIndexRows(idx, d.seq, /*unique=*/false, pool));
+
+  const int64_t rows = d.batch * d.retained;
+  if (rows == 0 || d.channels == 0) return absl::OkStatus();
+  const int64_t elem = act.elem_size();
+  // Rows run in `out` order, so the writes stream through the output.
+  DispatchRowCopy(elem, d.channels, out.strides[2], act.strides[2], rows, [&](const auto& copy) {
+    ParallelFor(pool, rows, RowGrain(d.channels * elem), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
+        const int64_t s = LoadIndexUnaligned(idx, IndexOffset(idx, p.b, p.r));
+        copy(out.At(TokenOffset(out, batch_first, p.b, p.r)),
+             act.At(TokenOffset(act, batch_first, p.b, s)));
+      }
+      copy.Finish();
+    });
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace tokensel::kernels::cpu

@@ -1,0 +1,39 @@
+// ScatterTokens on the CPU: validate metadata, validate every index (range and
+// uniqueness per row, all rows before any write), then copy each layer row to
+// its token row of `all`, rows in parallel. Uniqueness makes the row writes
+// disjoint, so no two threads touch the same bytes.
+#include "common/status_macros.h"
+#include "kernels/cpu/copy_rows.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/gather_math.h"
+
+namespace tokensel::kernels::cpu {
+
+absl::Status ScatterTokens(const ScatterTokensArgs& args, ThreadPool* pool) {
+  RETURN_IF_ERROR(ValidateScatterTokens(args));
+  const TensorView& all = args.all;
+  const TensorView& layer = args.layer;
+  const TensorView& idx = args.indices;
+  const bool batch_first = args.batch_first;
+  const TokenDims d = GetTokenDims(all, idx, batch_first);
+  RETURN_IF_ERROR(CheckIndexRows(idx, d.seq, /*unique=*/true, pool));
+
+  const int64_t rows = d.batch * d.retained;
+  if (rows == 0 || d.channels == 0) return absl::OkStatus();
+  const int64_t elem = all.elem_size();
+  // Rows run in `layer` order, so the reads stream through the input.
+  DispatchRowCopy(elem, d.channels, all.strides[2], layer.strides[2], rows, [&](const auto& copy) {
+    ParallelFor(pool, rows, RowGrain(d.channels * elem), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
+        const int64_t s = LoadIndexUnaligned(idx, IndexOffset(idx, p.b, p.r));
+        copy(all.At(TokenOffset(all, batch_first, p.b, s)),
+             layer.At(TokenOffset(layer, batch_first, p.b, p.r)));
+      }
+      copy.Finish();
+    });
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace tokensel::kernels::cpu

@@ -1,0 +1,196 @@
+// CPU SortTokens: comparison-free sort of each row of unique ids in [0, S).
+//
+// Per row the ids are marked in a bitmap of S bits; a bit already set is a
+// duplicate, an id outside [0, S) is out of range. The sorted row is the set
+// bits in ascending order (a ctz scan of the words), written to `out` (or
+// back to `ids`) together with the optional inverse (rank of each set bit).
+// O(R + S/64) per row, plus O(S) for the inverse.
+//
+// Nothing is written unless every row is valid, so rows are processed in two
+// parallel passes: validate (marking the bitmaps), then write. When the
+// bitmaps of all rows fit in kKeptBitmapBytes they are kept between the
+// passes; otherwise each pass marks a per-chunk bitmap and clears it again.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "kernels/sort_math.h"
+#include "kernels/validate_sort.h"
+
+namespace tokensel::kernels::cpu {
+namespace {
+
+constexpr int64_t kKeptBitmapBytes = int64_t{64} << 20;
+// Target work units (ids + bitmap words + inverse entries) per parallel chunk.
+constexpr int64_t kChunkWork = int64_t{1} << 15;
+
+template <typename T>
+T LoadAt(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void StoreAt(char* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+// A row of an int32/int64 view: base pointer and byte stride of the last dim.
+struct RowPtr {
+  char* base;
+  int64_t stride;  // bytes
+};
+
+RowPtr RowOf(const TensorView& v, int64_t row) {
+  return {v.At(RowOffset(v, row)), v.strides[v.rank - 1] * v.elem_size()};
+}
+
+// Marks the ids of one row in `bits` (all clear on entry). Returns the first
+// offending position (out of range or duplicate), or -1 when the row is valid.
+template <typename T>
+int64_t MarkRow(RowPtr row, int64_t r, int64_t s, uint64_t* bits) {
+  const char* p = row.base;
+  for (int64_t i = 0; i < r; ++i, p += row.stride) {
+    const int64_t id = LoadAt<T>(p);
+    if (!IdInRange(id, s) || TestAndSetBit(bits, id)) return i;
+  }
+  return -1;
+}
+
+// Marks a row already known to be valid.
+template <typename T>
+void MarkValidRow(RowPtr row, int64_t r, uint64_t* bits) {
+  const char* p = row.base;
+  for (int64_t i = 0; i < r; ++i, p += row.stride) {
+    const int64_t id = LoadAt<T>(p);
+    bits[BitmapWord(id)] |= BitmapMask(id);
+  }
+}
+
+// Emits the set bits of `bits` in ascending order to `out` (and their ranks
+// to `inv`, whose entries for absent ids are set to -1), clearing the words.
+template <typename T, bool kInverse>
+void EmitRow(uint64_t* bits, int64_t words, RowPtr out, RowPtr inv, int64_t s) {
+  if constexpr (kInverse) {
+    if (inv.stride == static_cast<int64_t>(sizeof(int32_t))) {
+      std::memset(inv.base, 0xFF, static_cast<size_t>(s) * sizeof(int32_t));
+    } else {
+      for (int64_t i = 0; i < s; ++i) StoreAt<int32_t>(inv.base + i * inv.stride, -1);
+    }
+  }
+  int64_t rank = 0;
+  char* o = out.base;
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t word = bits[w];
+    if (word == 0) continue;
+    bits[w] = 0;
+    const int64_t base = w * kBitmapWordBits;
+    do {
+      const int64_t id = base + __builtin_ctzll(word);
+      StoreAt<T>(o, static_cast<T>(id));
+      o += out.stride;
+      if constexpr (kInverse)
+        StoreAt<int32_t>(inv.base + id * inv.stride, static_cast<int32_t>(rank));
+      ++rank;
+      word &= word - 1;
+    } while (word != 0);
+  }
+}
+
+// Builds the error of row `row` (known to be invalid) serially.
+template <typename T>
+SortIdError RowError(const TensorView& ids, int64_t row, int64_t s) {
+  const int64_t r = ids.shape[ids.rank - 1];
+  std::vector<uint64_t> bits(static_cast<size_t>(BitmapWords(s)), 0);
+  const RowPtr p = RowOf(ids, row);
+  SortIdError e;
+  e.row = row;
+  e.position = MarkRow<T>(p, r, s, bits.data());
+  e.value = LoadAt<T>(p.base + e.position * p.stride);
+  if (IdInRange(e.value, s)) {
+    for (int64_t i = 0; i < e.position; ++i) {
+      if (LoadAt<T>(p.base + i * p.stride) == e.value) {
+        e.first_position = i;
+        break;
+      }
+    }
+  }
+  return e;
+}
+
+template <typename T>
+absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
+  const TensorView& ids = args.ids;
+  const TensorView& out = args.out.has_value() ? *args.out : ids;
+  const bool has_inverse = args.inverse.has_value();
+  const int64_t s = args.original_tokens;
+  const int64_t r = ids.shape[ids.rank - 1];
+  const int64_t rows = ids.NumRows();
+  if (rows == 0) return absl::OkStatus();
+  const int64_t words = BitmapWords(s);
+  const int64_t grain = std::max<int64_t>(1, kChunkWork / SortRowCost(r, s, has_inverse));
+  // Kept bitmaps: one per row, shared by both passes.
+  const bool keep = rows <= kKeptBitmapBytes / (words * 8);
+  // Zeroed per row by pass 1 (in parallel), not here.
+  std::unique_ptr<uint64_t[]> kept;
+  if (keep) kept.reset(new uint64_t[static_cast<size_t>(rows * words)]);
+
+  // Pass 1: validate every row; remember the lowest invalid row.
+  std::atomic<int64_t> first_bad{rows};
+  ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<uint64_t> local;
+    if (!keep) local.assign(static_cast<size_t>(words), 0);
+    for (int64_t row = begin; row < end; ++row) {
+      if (row > first_bad.load(std::memory_order_relaxed)) return;
+      uint64_t* bits = keep ? kept.get() + row * words : local.data();
+      if (keep) std::memset(bits, 0, static_cast<size_t>(words) * sizeof(uint64_t));
+      const bool bad = MarkRow<T>(RowOf(ids, row), r, s, bits) >= 0;
+      if (!keep) std::fill(local.begin(), local.end(), 0);
+      if (bad) {
+        int64_t cur = first_bad.load(std::memory_order_relaxed);
+        while (row < cur && !first_bad.compare_exchange_weak(cur, row)) {
+        }
+        return;
+      }
+    }
+  });
+  if (const int64_t bad = first_bad.load(); bad < rows) {
+    return SortIdStatus(ids, s, RowError<T>(ids, bad, s));
+  }
+
+  // Pass 2: write. In place, each row's ids are read (marked) before any of
+  // the row is written.
+  ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<uint64_t> local;
+    if (!keep) local.assign(static_cast<size_t>(words), 0);
+    for (int64_t row = begin; row < end; ++row) {
+      uint64_t* bits = keep ? kept.get() + row * words : local.data();
+      if (!keep) MarkValidRow<T>(RowOf(ids, row), r, bits);
+      const RowPtr o = RowOf(out, row);
+      if (has_inverse) {
+        EmitRow<T, true>(bits, words, o, RowOf(*args.inverse, row), s);
+      } else {
+        EmitRow<T, false>(bits, words, o, RowPtr{nullptr, 0}, s);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SortTokens(const SortTokensArgs& args, ThreadPool* pool) {
+  RETURN_IF_ERROR(ValidateSortTokens(args));
+  if (args.ids.dtype == DType::kInt64) return SortTyped<int64_t>(args, pool);
+  return SortTyped<int32_t>(args, pool);
+}
+
+}  // namespace tokensel::kernels::cpu

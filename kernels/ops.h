@@ -1,0 +1,162 @@
+// Operator arguments shared by the CPU (kernels/cpu) and CUDA (kernels/cuda)
+// implementations, and the metadata validation every implementation runs
+// first. The full contracts, with test vectors, are in docs/ops.md (copied from
+// the project spec); this header states what a caller must know.
+//
+// Conventions for every op:
+//  - Views may be strided in every dimension (strides >= 0, in elements) and
+//    need no particular alignment. Inputs may broadcast (stride 0); outputs
+//    must not overlap themselves or any input (INVALID_ARGUMENT).
+//  - Validate<Op>() checks ranks, dims, dtypes, strides, extents and overlap
+//    without reading tensor data. The implementations then check the data
+//    (index ranges, duplicates, segment structure) before writing anything:
+//    on any error nothing has been written.
+//  - Errors are INVALID_ARGUMENT with a message naming the field, the
+//    multi-index of the first offending element (lowest row, then lowest
+//    position) and its value, identical for every implementation.
+#ifndef TOKENSEL_KERNELS_OPS_H_
+#define TOKENSEL_KERNELS_OPS_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "kernels/tensor_view.h"
+
+namespace tokensel::kernels {
+
+// 1. SortTokens (DeepSpeed token_sort_). Comparison-free counting sort.
+//   ids:      int32|int64 [..., R], R >= 1; rows = all leading dims. Each row
+//             must hold R unique ids in [0, original_tokens).
+//   out:      optional, same shape and dtype as ids; absent = sort in place.
+//   inverse:  optional int32 [..., S]: inverse[row, s] = rank of s in the
+//             sorted row, or -1 when s is absent.
+struct SortTokensArgs {
+  TensorView ids;
+  int64_t original_tokens = 0;  // S, 1 <= R <= S <= INT32_MAX
+  std::optional<TensorView> out;
+  std::optional<TensorView> inverse;
+};
+absl::Status ValidateSortTokens(const SortTokensArgs& args);
+
+// 2. GatherTokens (DeepSpeed token_gather).
+//   activations: any dtype, [B,S,C] (batch_first) or [S,B,C].
+//   indices:     int32|int64 [B,R], each in [0, S); need not be sorted/unique.
+//   out:         same dtype, [B,R,C] (batch_first) or [R,B,C].
+//   batch_first: out[b,r,:] = act[b,idx[b,r],:]; else out[r,b,:] = act[idx[b,r],b,:].
+struct GatherTokensArgs {
+  TensorView activations;
+  TensorView indices;
+  TensorView out;
+  bool batch_first = true;
+};
+absl::Status ValidateGatherTokens(const GatherTokensArgs& args);
+
+// 3. ScatterTokens (DeepSpeed token_scatter_), in place on `all`.
+//   all:     [B,S,C] / [S,B,C], written.
+//   layer:   same dtype as all, [B,R,C] / [R,B,C].
+//   indices: int32|int64 [B,R], in [0, S) and unique within each row.
+//   batch_first: all[b,idx[b,r],:] = layer[b,r,:]; else all[idx[b,r],b,:] = layer[r,b,:].
+struct ScatterTokensArgs {
+  TensorView all;
+  TensorView layer;
+  TensorView indices;
+  bool batch_first = true;
+};
+absl::Status ValidateScatterTokens(const ScatterTokensArgs& args);
+
+// 4. GatherBertMask (DeepSpeed mask_gather_bert, with the layer offset fixed).
+//   mask:    any dtype, [B,H,Sq,S], H >= 1, Sq in {1, S}.
+//   indices: int32|int64 [L,B,R], in [0, S).
+//   out:     same dtype as mask, [L,B,H,R,R]:
+//            out[l,b,h,i,j] = mask[b, h, Sq==1 ? 0 : idx[l,b,i], idx[l,b,j]].
+struct GatherBertMaskArgs {
+  TensorView mask;
+  TensorView indices;
+  TensorView out;
+};
+absl::Status ValidateGatherBertMask(const GatherBertMaskArgs& args);
+
+// 5. SliceGptMask (DeepSpeed mask_gather_gpt): the top-left R x R corner.
+//   mask: any dtype, [B,H,S,S];  out: same dtype, [B,H,R,R] with R <= S (R from out).
+struct SliceGptMaskArgs {
+  TensorView mask;
+  TensorView out;
+};
+absl::Status ValidateSliceGptMask(const SliceGptMaskArgs& args);
+
+// 6. SegmentSeqlens (Transformer Engine THD seqlens/offsets), O(T) per row.
+enum class AttnMaskType : uint8_t { kPadding = 0, kCausal, kCausalBottomRight };
+
+// The layout varlen attention kernels want, for one side (all int32):
+//   seqlens    [B*NS]:   non-zero seqlens of all rows compacted, fill 0;
+//   offsets    [B*(NS+1)]: offsets + b*T compacted, fill B*T;
+//   cu_seqlens [B*NS+1]: [0, cumsum(seqlens)].
+struct PackedSeqlens {
+  TensorView seqlens;
+  TensorView offsets;
+  TensorView cu_seqlens;
+};
+
+// Per side outputs (int32): seqlen [B,NS] indexed by segment id (slot j = id
+// j+1, fill 0) and offset [B,NS+1] in order of appearance (fill -1); packed
+// optional.
+struct SegmentSeqlensSide {
+  TensorView seqlen;
+  TensorView offset;
+  std::optional<PackedSeqlens> packed;
+};
+
+//   segment_ids_q  int32|int64 [B,Tq]; ids in [0, NS], 0 = padding, each id one
+//                  contiguous run, ids strictly increasing along a row.
+//   segment_pos_q  int32|int64 [B,Tq], >= 0 on non-padding tokens. Required
+//                  for cross-attention with CAUSAL / CAUSAL_BOTTOM_RIGHT;
+//                  ignored for self-attention (every mask keeps every token).
+//   segment_ids_kv / segment_pos_kv: [B,Tkv]; absent = self-attention.
+//   q, kv: outputs. kv outputs are required iff segment_ids_kv is given.
+struct SegmentSeqlensArgs {
+  TensorView segment_ids_q;
+  std::optional<TensorView> segment_pos_q;
+  std::optional<TensorView> segment_ids_kv;
+  std::optional<TensorView> segment_pos_kv;
+  int64_t max_segments = 0;  // NS >= 1
+  AttnMaskType mask = AttnMaskType::kPadding;
+  SegmentSeqlensSide q;
+  std::optional<SegmentSeqlensSide> kv;
+};
+absl::Status ValidateSegmentSeqlens(const SegmentSeqlensArgs& args);
+
+// 7. SampleTokens: per row (l, b) a uniform random R-subset of [0, S), in
+// ascending order; a pure function of (seed, step, l, b) via Philox4x32-10
+// (kernels/philox.h), identical on every backend and thread count.
+//   ids:     int32|int64 [L,B,R], 0 <= R <= S.
+//   inverse: optional int32 [L,B,S] (as in SortTokens).
+//   Optionally a mask per layer: bert_mask gathers (GatherBertMask with these
+//   ids), gpt_mask slices (SliceGptMask with this R); both need `mask`.
+struct SampleTokensArgs {
+  int64_t layers = 0;           // L
+  int64_t batch = 0;            // B
+  int64_t original_tokens = 0;  // S <= INT32_MAX
+  int64_t retained_tokens = 0;  // R
+  uint64_t seed = 0;
+  uint64_t step = 0;  // < 2^32
+  TensorView ids;
+  std::optional<TensorView> inverse;
+  std::optional<TensorView> mask;      // [B,H,Sq,S] (bert) or [B,H,S,S] (gpt)
+  std::optional<TensorView> bert_mask; // [L,B,H,R,R]
+  std::optional<TensorView> gpt_mask;  // [B,H,R,R]
+};
+absl::Status ValidateSampleTokens(const SampleTokensArgs& args);
+
+// 8. TopKTokens: the R highest-scoring positions of each row, in ascending
+// position order. Ties go to the lower position; NaN ranks lowest; -0 == +0.
+//   scores: fp32|fp16|bf16 [..., S];  ids: int32|int64 [..., R], 0 <= R <= S.
+struct TopKTokensArgs {
+  TensorView scores;
+  TensorView ids;
+};
+absl::Status ValidateTopKTokens(const TopKTokensArgs& args);
+
+}  // namespace tokensel::kernels
+
+#endif  // TOKENSEL_KERNELS_OPS_H_

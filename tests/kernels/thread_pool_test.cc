@@ -1,0 +1,84 @@
+// ThreadPool: coverage, chunking, concurrency of many callers, reentrancy.
+#include "kernels/cpu/thread_pool.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tokensel::kernels::cpu {
+namespace {
+
+void ExpectCoversOnce(ThreadPool* pool, int64_t n, int64_t grain) {
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+  ParallelFor(pool, n, grain, [&](int64_t begin, int64_t end) {
+    ASSERT_LE(0, begin);
+    ASSERT_LT(begin, end);
+    ASSERT_LE(end, n);
+    for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+}
+
+TEST(ThreadPoolTest, EveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1001}) {
+      for (int64_t grain : {1, 3, 1000, 5000}) ExpectCoversOnce(&pool, n, grain);
+    }
+  }
+  ExpectCoversOnce(nullptr, 17, 1);
+}
+
+TEST(ThreadPoolTest, UsesWorkersWhenWorkIsLarge) {
+  ThreadPool pool(4);
+  std::atomic<int> max_concurrent{0};
+  std::atomic<int> running{0};
+  pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
+    const int now = running.fetch_add(1) + 1;
+    int prev = max_concurrent.load();
+    while (now > prev && !max_concurrent.compare_exchange_weak(prev, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    running.fetch_sub(1);
+  });
+  EXPECT_GT(max_concurrent.load(), 1);
+}
+
+TEST(ThreadPoolTest, ManyConcurrentCallersShareOnePool) {
+  ThreadPool pool(3);
+  std::vector<std::thread> callers;
+  std::atomic<int64_t> total{0};
+  for (int c = 0; c < 8; ++c) {
+    callers.emplace_back([&] {
+      for (int rep = 0; rep < 50; ++rep) {
+        std::atomic<int64_t> sum{0};
+        pool.ParallelFor(500, 7, [&](int64_t b, int64_t e) {
+          int64_t local = 0;
+          for (int64_t i = b; i < e; ++i) local += i;
+          sum.fetch_add(local);
+        });
+        ASSERT_EQ(sum.load(), 500 * 499 / 2);
+        total.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 8 * 50);
+}
+
+TEST(ThreadPoolTest, NestedParallelForCompletes) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> count{0};
+  pool.ParallelFor(8, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      pool.ParallelFor(16, 1, [&](int64_t b2, int64_t e2) { count.fetch_add(e2 - b2); });
+    }
+  });
+  EXPECT_EQ(count.load(), 8 * 16);
+}
+
+}  // namespace
+}  // namespace tokensel::kernels::cpu
