@@ -3,32 +3,17 @@
 //
 // All offsets are 64-bit element offsets relative to a view's data pointer,
 // valid only for views that passed the op's Validate<Op>() (which bounds every
-// extent in int64). Nothing here dereferences tensor data except
-// LoadIndexUnaligned, which reads one index element.
+// extent in int64). Nothing here dereferences tensor data (index elements
+// are read with LoadIndex from tensor_view.h, which allows any alignment).
 #ifndef TOKENSEL_KERNELS_GATHER_MATH_H_
 #define TOKENSEL_KERNELS_GATHER_MATH_H_
 
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/hd.h"
 #include "kernels/tensor_view.h"
 
 namespace tokensel::kernels {
-
-// Reads an int32 or int64 index at element offset `elem_offset` of `v`
-// through memcpy: index views may have any byte alignment.
-TOKENSEL_HD int64_t LoadIndexUnaligned(const TensorView& v, int64_t elem_offset) {
-  const char* p = static_cast<const char*>(v.data) + elem_offset * ElementSize(v.dtype);
-  if (v.dtype == DType::kInt64) {
-    int64_t value;
-    memcpy(&value, p, sizeof(value));
-    return value;
-  }
-  int32_t value;
-  memcpy(&value, p, sizeof(value));
-  return value;
-}
 
 // Element offset of index `pos` of row `row` of an index view whose last
 // dimension is the row ([B,R] or [L,B,R]).

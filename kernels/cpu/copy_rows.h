@@ -178,12 +178,12 @@ int64_t FirstBadIndexInRow(const TensorView& indices, int64_t row, int64_t limit
 // The status for the known-bad element at (row, pos).
 inline absl::Status IndexError(const TensorView& indices, int64_t row, int64_t pos, int64_t limit) {
   const int64_t n = indices.shape[indices.rank - 1];
-  const int64_t value = LoadIndexUnaligned(indices, IndexOffset(indices, row, pos));
+  const int64_t value = LoadIndex(indices, IndexOffset(indices, row, pos));
   if (value < 0 || value >= limit) {
     return TokenIndexOutOfRange(indices, row * n + pos, value, limit);
   }
   int64_t first = 0;
-  while (LoadIndexUnaligned(indices, IndexOffset(indices, row, first)) != value) ++first;
+  while (LoadIndex(indices, IndexOffset(indices, row, first)) != value) ++first;
   return TokenIndexDuplicate(indices, row * n + pos, value, row * n + first);
 }
 

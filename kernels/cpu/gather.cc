@@ -24,7 +24,7 @@ absl::Status GatherTokens(const GatherTokensArgs& args, ThreadPool* pool) {
     ParallelFor(pool, rows, RowGrain(d.channels * elem), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
-        const int64_t s = LoadIndexUnaligned(idx, IndexOffset(idx, p.b, p.r));
+        const int64_t s = LoadIndex(idx, IndexOffset(idx, p.b, p.r));
         copy(out.At(TokenOffset(out, batch_first, p.b, p.r)),
              act.At(TokenOffset(act, batch_first, p.b, s)));
       }

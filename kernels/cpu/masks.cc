@@ -45,11 +45,11 @@ void GatherBertMaskRows(const GatherBertMaskArgs& args, ThreadPool* pool) {
       const int64_t index_row = BertMaskIndexRow(idx, m);
       if (index_row != cached_index_row) {
         for (int64_t j = 0; j < retained; ++j) {
-          key_offsets[j] = LoadIndexUnaligned(idx, IndexOffset(idx, index_row, j)) * key_stride;
+          key_offsets[j] = LoadIndex(idx, IndexOffset(idx, index_row, j)) * key_stride;
         }
         cached_index_row = index_row;
       }
-      const int64_t query = LoadIndexUnaligned(idx, IndexOffset(idx, index_row, m.i));
+      const int64_t query = LoadIndex(idx, IndexOffset(idx, index_row, m.i));
       GatherElements<kElemSize>(out.At(BertMaskOutOffset(out, m)), out_stride,
                                 mask.At(BertMaskSourceRowOffset(mask, m.b, m.h, query)),
                                 key_offsets.data(), retained);

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/unaligned.h"
 #include "kernels/ops.h"
 #include "kernels/sort_math.h"
 #include "kernels/validate_sort.h"
@@ -30,18 +31,6 @@ namespace {
 constexpr int64_t kKeptBitmapBytes = int64_t{64} << 20;
 // Target work units (ids + bitmap words + inverse entries) per parallel chunk.
 constexpr int64_t kChunkWork = int64_t{1} << 15;
-
-template <typename T>
-T LoadAt(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <typename T>
-void StoreAt(char* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
 
 // A row of an int32/int64 view: base pointer and byte stride of the last dim.
 struct RowPtr {

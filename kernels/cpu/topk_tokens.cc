@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/unaligned.h"
 #include "kernels/cpu/radix_select.h"
 #include "kernels/ops.h"
 #include "kernels/select.h"
@@ -23,18 +24,6 @@ namespace {
 
 // Target scores per parallel chunk.
 constexpr int64_t kChunkWork = int64_t{1} << 15;
-
-template <typename T>
-T LoadAt(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <typename T>
-void StoreAt(char* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
 
 // Score bits -> key, per dtype.
 struct F32Key {
