@@ -50,7 +50,10 @@ void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
     Entry e;
     e.variant = name.substr(slash + 1);
     e.real_time_ns = ToNs(run.GetAdjustedRealTime(), run.time_unit);
-    for (const auto& [k, c] : run.counters) e.counters[k] = c.value;
+    for (const auto& [k, c] : run.counters) {
+      // Rates are visible in the main table; keep the custom counters.
+      if (k != "bytes_per_second" && k != "items_per_second") e.counters[k] = c.value;
+    }
     cases_[key].push_back(std::move(e));
   }
 }
