@@ -1,0 +1,81 @@
+// ScatterTokens on the GPU (contract: kernels/cuda/cuda_ops.h, kernels/ops.h).
+// Async: reset the status word, check every index for range and per-row
+// uniqueness (a bitmap of S bits per row in the workspace: atomicOr returns
+// the old word, so a duplicate is seen by exactly one of its threads), then
+// copy each layer row to its token row of `all`. Uniqueness makes the row
+// writes disjoint; rows run in `layer` order, so the reads stream.
+#include <cuda_runtime.h>
+
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/copy_kernels.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/status.cuh"
+#include "kernels/gather_math.h"
+
+namespace tokensel::kernels::cuda {
+namespace {
+
+// Row `row` of layer ([B,R,C] / [R,B,C] order) -> its token row of all.
+struct ScatterRowMap {
+  TensorView all;
+  TensorView layer;
+  TensorView idx;
+  int64_t batch;
+  int64_t retained;
+  bool batch_first;
+
+  __device__ __forceinline__ RowPtrs operator()(int64_t row) const {
+    const BatchPos p = RetainedRowToBatchPos(row, batch, retained, batch_first);
+    const int64_t s = LoadIndex(idx, IndexOffset(WithRank<2>(idx), p.b, p.r));
+    return {all.At(TokenOffset(all, batch_first, p.b, s)),
+            layer.At(TokenOffset(layer, batch_first, p.b, p.r))};
+  }
+};
+
+// Bitmap bytes: one row of S bits (32-bit words) per index row.
+int64_t BitmapBytes(const ScatterTokensArgs& args) {
+  const TokenDims d = GetTokenDims(args.all, args.indices, args.batch_first);
+  return d.batch * BitmapWordsPerRow(d.seq) * 4;
+}
+
+}  // namespace
+
+size_t ScatterTokensWorkspaceBytes(const ScatterTokensArgs& args) {
+  return kDeviceStatusBytes + AlignWorkspace(static_cast<size_t>(BitmapBytes(args)));
+}
+
+absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Stream stream) {
+  RETURN_IF_ERROR(ValidateScatterTokens(args));
+  RETURN_IF_ERROR(CheckWorkspace(ws, ScatterTokensWorkspaceBytes(args), "ScatterTokens"));
+  RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
+  const TensorView& all = args.all;
+  const TensorView& layer = args.layer;
+  const bool bf = args.batch_first;
+  const TokenDims d = GetTokenDims(all, args.indices, bf);
+  const int64_t rows = d.batch * d.retained;
+  if (rows == 0) return absl::OkStatus();
+  // Indices are checked even when C == 0, like the CPU twin.
+  RETURN_IF_ERROR(LaunchIndexCheck(args.indices, d.seq,
+                                   static_cast<unsigned int*>(WorkspaceScratch(ws)), ws, stream));
+  if (d.channels == 0) return absl::OkStatus();
+  const int b_axis = bf ? 0 : 1;
+  const int s_axis = bf ? 1 : 0;
+  const RowCopyPlan plan = PlanRowCopy(
+      rows, d.channels, all.elem_size(), all.data, layer.data,
+      {{all.strides[b_axis], d.batch}, {all.strides[s_axis], d.seq}},
+      {{layer.strides[b_axis], d.batch}, {layer.strides[s_axis], d.retained}}, all.strides[2],
+      layer.strides[2]);
+  return LaunchRowCopy(plan, ScatterRowMap{all, layer, args.indices, d.batch, d.retained, bf}, ws,
+                       stream);
+}
+
+absl::Status ScatterTokensFinish(const ScatterTokensArgs& args, Workspace ws, Stream stream) {
+  ScatterTokensArgs host = args;
+  return FinishWithCpuOracle(ws, stream, "ScatterTokens", {&host.indices},
+                             {&host.all, &host.layer},
+                             [&] { return cpu::ScatterTokens(host, nullptr); });
+}
+
+}  // namespace tokensel::kernels::cuda

@@ -1,0 +1,238 @@
+// Block-wide radix select and in-order compaction, shared by the CUDA
+// TopKTokens (16/32-bit score keys) and SampleTokens (64-bit Philox keys).
+// Device code only (include from .cu files). Also the index I/O helpers of
+// the three ops (LoadId / StoreId / StoreI32).
+//
+// One thread block handles one row of n keys. The keys are not stored: a
+// KeyFn recomputes them on every pass (TopK reloads the scores, which stay in
+// L1/L2; SampleTokens re-runs Philox, cheaper than spilling S*8 bytes).
+//
+//   KeyFn: __device__ void operator()(int64_t first, K* keys) const
+//          writes the keys of positions first .. first+kItems-1 (first is a
+//          multiple of kItems); entries at positions >= n may be garbage and
+//          are ignored, but the functor must not read memory beyond n.
+//
+// Selection rule (the same as kernels/select.h and kernels/cpu/radix_select.h):
+// the r LARGEST keys, ties to the lower position. SampleTokens wants the r
+// smallest and passes ~key, which reverses the order and keeps the tie rule.
+//
+// BlockSelectThreshold: 8-bit digits, most significant first
+// (kSelectDigitBits). Each pass builds the digit histogram of the current
+// candidates in shared memory (atomicAdd), picks the bucket holding the
+// need-th largest candidate with one BlockScan over the 256 buckets taken in
+// descending order (the parallel form of FindSelectBucket), and stops early
+// when the whole bucket is taken, exactly like the CPU RadixSelect.
+// BlockEmitSelected: one pass over the row in tiles of kThreads*kItems
+// positions; a BlockScan of the packed pair (#keys == T, #keys > T) gives
+// every position its output slot:
+//   slot = gt_before + min(eq_before, ties),
+//   taken = key > T || (key == T && eq_before < ties).
+#ifndef TOKENSEL_KERNELS_CUDA_SELECT_CUH_
+#define TOKENSEL_KERNELS_CUDA_SELECT_CUH_
+
+#include <cstdint>
+#include <cub/cub.cuh>
+
+#include "kernels/select.h"
+#include "kernels/tensor_view.h"
+
+namespace tokensel::kernels::cuda {
+
+// Index element I/O for the CUDA ops: `aligned` (uniform, computed on the
+// host: base pointer aligned to the element size; strides are in elements so
+// then every element is) selects a plain load/store, otherwise the
+// byte-wise LoadIndex/StoreIndex of tensor_view.h (views may be unaligned).
+__device__ __forceinline__ int64_t LoadId(const TensorView& v, int64_t offset, bool aligned) {
+  if (!aligned) return LoadIndex(v, offset);
+  if (v.dtype == DType::kInt64) return static_cast<const int64_t*>(v.data)[offset];
+  return static_cast<const int32_t*>(v.data)[offset];
+}
+__device__ __forceinline__ void StoreId(const TensorView& v, int64_t offset, int64_t value,
+                                        bool aligned) {
+  if (!aligned) return StoreIndex(v, offset, value);
+  if (v.dtype == DType::kInt64) {
+    static_cast<int64_t*>(v.data)[offset] = value;
+  } else {
+    static_cast<int32_t*>(v.data)[offset] = static_cast<int32_t>(value);
+  }
+}
+// Device forms of the view index math of tensor_view.h (RowOffset, the
+// last stride): the same row-major unravel, but with a
+// constant trip count (kMaxRank) so the loops unroll and the view's arrays
+// are read straight from the kernel parameters. A loop bounded by the
+// run-time rank indexes them dynamically and makes nvcc copy the view to
+// local memory (a 112-byte stack frame per view).
+__device__ __forceinline__ int64_t ViewDim(const int64_t (&a)[kMaxRank], int d) {
+  int64_t x = a[0];
+#pragma unroll
+  for (int i = 1; i < kMaxRank; ++i) x = i == d ? a[i] : x;
+  return x;
+}
+__device__ __forceinline__ int64_t LastStride(const TensorView& v) {
+  return ViewDim(v.strides, v.rank - 1);
+}
+// q = a / n, returns a % n. Inline 32-bit division when both fit (always in
+// practice); the 64-bit division is a called subroutine whose ABI makes ptxas
+// spill registers around the call sites in some kernels.
+__device__ __forceinline__ int64_t DivMod(int64_t a, int64_t n, int64_t* q) {
+  if (((static_cast<uint64_t>(a) | static_cast<uint64_t>(n)) >> 32) == 0) {
+    const uint32_t a32 = static_cast<uint32_t>(a), n32 = static_cast<uint32_t>(n);
+    const uint32_t q32 = a32 / n32;
+    *q = q32;
+    return a32 - q32 * n32;
+  }
+  *q = a / n;
+  return a - *q * n;
+}
+__device__ __forceinline__ int64_t DeviceRowOffset(const TensorView& v, int64_t row) {
+  int64_t offset = 0;
+#pragma unroll
+  for (int d = kMaxRank - 2; d >= 0; --d) {
+    if (d <= v.rank - 2) offset += DivMod(row, v.shape[d], &row) * v.strides[d];
+  }
+  return offset;
+}
+
+// Host side: true when every element of `v` is naturally aligned.
+inline bool ElementsAligned(const TensorView& v) {
+  return reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(v.elem_size()) == 0;
+}
+// int32 element (inverse maps).
+__device__ __forceinline__ void StoreI32(void* base, int64_t offset, int32_t value, bool aligned) {
+  if (aligned) {
+    static_cast<int32_t*>(base)[offset] = value;
+  } else {
+    memcpy(static_cast<char*>(base) + offset * 4, &value, sizeof(value));
+  }
+}
+
+// The keys taken are every key > key plus the first `ties` keys == key.
+template <typename K>
+struct BlockThreshold {
+  K key;
+  int64_t ties;
+};
+
+template <int kThreads>
+struct SelectShared {
+  static_assert(kThreads >= kSelectBuckets, "one bucket per thread");
+  using CountScan = cub::BlockScan<uint32_t, kThreads>;
+  using PairScan = cub::BlockScan<unsigned long long, kThreads>;
+  union {
+    typename CountScan::TempStorage count_scan;
+    typename PairScan::TempStorage pair_scan;
+  } scan;
+  uint32_t hist[kSelectBuckets];
+  uint32_t bucket;  // chosen bucket of the current pass
+  uint32_t need;    // keys still to take, from the chosen bucket on
+  uint32_t whole;   // 1 when the chosen bucket is taken whole
+};
+
+// key >> (shift + kSelectDigitBits), or 0 when that shifts out every bit.
+template <typename K>
+__device__ __forceinline__ K DigitsAbove(K key, int shift) {
+  constexpr int kBits = static_cast<int>(sizeof(K)) * 8;
+  const int s = shift + kSelectDigitBits;
+  return s >= kBits ? K{0} : static_cast<K>(key >> s);
+}
+
+// Threshold of the r largest of the n keys of `key_of`, 0 <= r <= n. Every
+// thread of the block must call it; every thread gets the result.
+template <typename K, int kThreads, int kItems, typename KeyFn>
+__device__ BlockThreshold<K> BlockSelectThreshold(const KeyFn& key_of, int64_t n, int64_t r,
+                                                  SelectShared<kThreads>& sh) {
+  constexpr int kBits = static_cast<int>(sizeof(K)) * 8;
+  constexpr int64_t kTile = int64_t{kThreads} * kItems;
+  if (r == n) return BlockThreshold<K>{K{0}, n};                   // take everything
+  if (r == 0) return BlockThreshold<K>{static_cast<K>(~K{0}), 0};  // take nothing
+  const int tid = threadIdx.x;
+  K prefix = 0;  // digits chosen so far
+  uint32_t need = static_cast<uint32_t>(r);
+  for (int shift = kBits - kSelectDigitBits;; shift -= kSelectDigitBits) {
+    if (tid < kSelectBuckets) sh.hist[tid] = 0;
+    __syncthreads();
+    for (int64_t first = int64_t{tid} * kItems; first < n; first += kTile) {
+      K keys[kItems];
+      key_of(first, keys);
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        if (first + j < n && DigitsAbove(keys[j], shift) == prefix) {
+          atomicAdd(&sh.hist[(keys[j] >> shift) & (kSelectBuckets - 1)], 1u);
+        }
+      }
+    }
+    __syncthreads();
+    // Thread t owns bucket 255 - t: an inclusive scan counts the candidates
+    // at or above each bucket; the chosen one is where that reaches `need`.
+    const int bucket = kSelectBuckets - 1 - tid;
+    const uint32_t count = tid < kSelectBuckets ? sh.hist[bucket] : 0u;
+    uint32_t at_or_above;
+    typename SelectShared<kThreads>::CountScan(sh.scan.count_scan).InclusiveSum(count, at_or_above);
+    const uint32_t above = at_or_above - count;
+    if (tid < kSelectBuckets && above < need && at_or_above >= need) {
+      sh.bucket = static_cast<uint32_t>(bucket);
+      sh.need = need - above;
+      sh.whole = (need - above == count) ? 1u : 0u;
+    }
+    __syncthreads();
+    prefix = static_cast<K>((prefix << kSelectDigitBits) | sh.bucket);
+    need = sh.need;
+    const bool whole = sh.whole != 0;
+    __syncthreads();  // sh.* is rewritten by the next pass
+    // Whole bucket: everything >= its lowest key, which is > 0 because
+    // r < n leaves some key below the bucket.
+    if (whole) return BlockThreshold<K>{static_cast<K>((prefix << shift) - 1), 0};
+    if (shift == 0) return BlockThreshold<K>{prefix, need};
+  }
+}
+
+// Emits the selected positions in ascending order: emit(position, slot) for
+// every taken position, skip(position) for every other one (SampleTokens uses
+// it for the inverse; TopK passes a no-op). Every thread must call it.
+template <typename K, int kThreads, int kItems, typename KeyFn, typename Emit, typename Skip>
+__device__ void BlockEmitSelected(const KeyFn& key_of, int64_t n, int64_t r,
+                                  const BlockThreshold<K>& t, SelectShared<kThreads>& sh,
+                                  const Emit& emit, const Skip& skip, bool visit_all) {
+  constexpr int64_t kTile = int64_t{kThreads} * kItems;
+  constexpr unsigned long long kEq = 1ull << 32;  // packed (eq << 32) | gt
+  unsigned long long running = 0;                 // totals of earlier tiles
+  for (int64_t tile = 0; tile < n; tile += kTile) {
+    const int64_t first = tile + int64_t{threadIdx.x} * kItems;
+    K keys[kItems];
+    if (first < n) key_of(first, keys);
+    unsigned long long mine = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (first + j < n) mine += keys[j] > t.key ? 1ull : (keys[j] == t.key ? kEq : 0ull);
+    }
+    unsigned long long before, total;
+    typename SelectShared<kThreads>::PairScan(sh.scan.pair_scan).ExclusiveSum(mine, before, total);
+    __syncthreads();  // the scan storage is reused by the next tile
+    before += running;
+    running += total;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (first + j >= n) break;
+      const int64_t gt = static_cast<int64_t>(before & 0xFFFFFFFFull);
+      const int64_t eq = static_cast<int64_t>(before >> 32);
+      const bool is_gt = keys[j] > t.key;
+      const bool is_eq = keys[j] == t.key;
+      if (is_gt || (is_eq && eq < t.ties)) {
+        emit(first + j, gt + (eq < t.ties ? eq : t.ties));
+      } else {
+        skip(first + j);
+      }
+      before += is_gt ? 1ull : (is_eq ? kEq : 0ull);
+    }
+    // Every slot is filled once the running count reaches r (uniform).
+    const int64_t taken =
+        static_cast<int64_t>(running & 0xFFFFFFFFull) +
+        (static_cast<int64_t>(running >> 32) < t.ties ? static_cast<int64_t>(running >> 32)
+                                                      : t.ties);
+    if (!visit_all && taken >= r) break;
+  }
+}
+
+}  // namespace tokensel::kernels::cuda
+
+#endif  // TOKENSEL_KERNELS_CUDA_SELECT_CUH_
