@@ -1,7 +1,7 @@
 # Project-wide options, language level and warning flags.
 include_guard(GLOBAL)
 
-option(TOKENSEL_BUILD_SERVER "Build the gRPC server (needs gRPC, protobuf, prometheus-cpp)" OFF)
+option(TOKENSEL_BUILD_SERVER "Build the gRPC server (needs gRPC, protobuf, prometheus-cpp)" ON)
 option(TOKENSEL_BUILD_TESTS "Build the GoogleTest suites" ON)
 option(TOKENSEL_BUILD_BENCHMARKS "Build the Google Benchmark programs" ON)
 set(TOKENSEL_CUDA "AUTO" CACHE STRING "Build the CUDA targets: AUTO (when nvcc is found), ON, OFF")

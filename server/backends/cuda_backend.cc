@@ -1,0 +1,213 @@
+// CudaBackend (contract: cuda_backend.h). Compiled by the host compiler
+// against cuda_runtime_api.h.
+#include "server/backends/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/device.h"
+
+namespace tokensel::backends {
+namespace {
+
+namespace kc = ::tokensel::kernels::cuda;
+
+constexpr size_t kWorkspaceGranule = size_t{1} << 20;  // round allocations up to 1 MiB
+
+class DeviceStaging final : public core::Backend::Staging {
+ public:
+  DeviceStaging(int ordinal, void* data, uint64_t size)
+      : ordinal_(ordinal), data_(data), size_(size) {}
+  ~DeviceStaging() override {
+    if (data_ != nullptr) {
+      cudaSetDevice(ordinal_);
+      cudaFree(data_);
+    }
+  }
+  void* data() const override { return data_; }
+  uint64_t size() const override { return size_; }
+
+ private:
+  int ordinal_;
+  void* data_;
+  uint64_t size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_view device_uuid,
+                                                                 int streams) {
+  ASSIGN_OR_RETURN(std::vector<kc::DeviceInfo> devices, kc::ListDevices());
+  if (devices.empty()) return absl::NotFoundError("cuda backend: no CUDA device is visible");
+  const kc::DeviceInfo* chosen = device_uuid.empty() ? &devices[0] : nullptr;
+  for (const kc::DeviceInfo& d : devices) {
+    if (d.uuid == device_uuid) chosen = &d;
+  }
+  if (chosen == nullptr) {
+    std::string known;
+    for (const kc::DeviceInfo& d : devices) absl::StrAppend(&known, known.empty() ? "" : ", ", d.uuid);
+    return absl::NotFoundError(
+        absl::StrCat("cuda backend: no device with UUID '", device_uuid, "' (visible: ", known, ")"));
+  }
+  core::DeviceDescription desc{chosen->ordinal, chosen->uuid, chosen->name,
+                               chosen->compute_capability, chosen->total_memory_bytes};
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(desc)));
+  RETURN_IF_ERROR(backend->Init(streams < 1 ? 1 : streams));
+  return backend;
+}
+
+CudaBackend::CudaBackend(core::DeviceDescription device) : device_(std::move(device)) {}
+
+absl::Status CudaBackend::Init(int streams) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < streams; ++i) {
+    cudaStream_t s = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    all_streams_.push_back(s);
+    free_streams_.push_back(s);
+  }
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_.ordinal);
+  absl::MutexLock lock(&mu_);
+  for (kc::Stream s : all_streams_) {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+  for (void* p : all_workspaces_) cudaFree(p);
+}
+
+absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  Lease lease;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_streams_.empty()) {
+      lease.stream = free_streams_.back();
+      free_streams_.pop_back();
+    }
+    auto it = free_workspaces_.lower_bound(workspace_bytes);
+    if (it != free_workspaces_.end()) {
+      lease.ws = {it->second, it->first};
+      free_workspaces_.erase(it);
+    }
+  }
+  if (lease.stream == nullptr) {  // every stream busy: grow the pool
+    cudaStream_t s = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    absl::MutexLock lock(&mu_);
+    all_streams_.push_back(s);
+    lease.stream = s;
+  }
+  if (lease.ws.data == nullptr) {
+    const size_t bytes = (workspace_bytes + kWorkspaceGranule - 1) / kWorkspaceGranule *
+                         kWorkspaceGranule;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      Release(lease);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
+    }
+    absl::MutexLock lock(&mu_);
+    all_workspaces_.push_back(p);
+    ++workspace_allocations_;
+    lease.ws = {p, bytes};
+  }
+  return lease;
+}
+
+void CudaBackend::Release(const Lease& lease) {
+  absl::MutexLock lock(&mu_);
+  if (lease.stream != nullptr) free_streams_.push_back(lease.stream);
+  if (lease.ws.data != nullptr) free_workspaces_.emplace(lease.ws.bytes, lease.ws.data);
+}
+
+template <typename Args, typename Bytes, typename Async, typename Finish>
+absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Finish finish) {
+  ASSIGN_OR_RETURN(const Lease lease, Acquire(bytes(args)));
+  absl::Status st = async(args, lease.ws, lease.stream);
+  if (st.ok()) {
+    st = finish(args, lease.ws, lease.stream);
+  } else {
+    // Kernels may already be queued (a later launch failed): drain before the
+    // workspace goes back to the pool.
+    (void)cudaStreamSynchronize(lease.stream);
+  }
+  Release(lease);
+  return st;
+}
+
+#define TOKENSEL_CUDA_RUN(Op)                                                      \
+  absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                   \
+    return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);     \
+  }
+TOKENSEL_CUDA_RUN(SortTokens)
+TOKENSEL_CUDA_RUN(GatherTokens)
+TOKENSEL_CUDA_RUN(ScatterTokens)
+TOKENSEL_CUDA_RUN(GatherBertMask)
+TOKENSEL_CUDA_RUN(SliceGptMask)
+TOKENSEL_CUDA_RUN(SegmentSeqlens)
+TOKENSEL_CUDA_RUN(SampleTokens)
+TOKENSEL_CUDA_RUN(TopKTokens)
+#undef TOKENSEL_CUDA_RUN
+
+absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateStaging(
+    uint64_t bytes) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
+  }
+  auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes);
+  CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, bytes == 0 ? 1 : bytes));
+  return staging;
+}
+
+absl::Status CudaBackend::CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) {
+  if (bytes > dst.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: copy of ", bytes, " bytes into staging of ", dst.size()));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) {
+  if (bytes > src.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: copy of ", bytes, " bytes from staging of ", src.size()));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src.data(), bytes, cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+int64_t CudaBackend::workspace_allocations() const {
+  absl::MutexLock lock(&mu_);
+  return workspace_allocations_;
+}
+
+size_t CudaBackend::cached_workspaces() const {
+  absl::MutexLock lock(&mu_);
+  return free_workspaces_.size();
+}
+
+absl::StatusOr<std::unique_ptr<core::Backend>> MakeCudaBackend(absl::string_view device_uuid) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(device_uuid));
+  return std::unique_ptr<core::Backend>(std::move(backend));
+}
+
+}  // namespace tokensel::backends

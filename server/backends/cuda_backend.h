@@ -1,0 +1,100 @@
+// CudaBackend: runs kernels::cuda on one device over device memory.
+//
+// Device selection by UUID (as nvidia-smi prints it, "GPU-xxxxxxxx-..."; empty
+// = the first device). Run(args) is synchronous: WorkspaceBytes -> acquire a
+// workspace -> <Op>Async on a pooled stream -> <Op>Finish (which synchronizes
+// the stream and returns the CPU twin's message on bad data). Streams and
+// workspaces are pooled: a workspace is a cached device allocation reused by
+// later calls (the smallest free one that fits; a new one, rounded up to
+// 1 MiB, only when none fits), so the steady state performs no cudaMalloc.
+// Staging is device memory; its copies are synchronous cudaMemcpy.
+// Every CUDA call is checked (INTERNAL with the CUDA error text).
+//
+// Thread-safe: concurrent Run calls each take their own stream and workspace.
+// This header includes no CUDA header.
+#ifndef TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_
+#define TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "server/core/backend.h"
+
+namespace tokensel::backends {
+
+class CudaBackend final : public core::Backend {
+ public:
+  // NOT_FOUND when no device has `device_uuid` (or there is no device at
+  // all); INTERNAL on CUDA errors. `streams` (>= 1) streams are created up
+  // front; more are created on demand when all are in use.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(absl::string_view device_uuid,
+                                                             int streams = 4);
+  ~CudaBackend() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  bool CanAccess(core::MemoryKind kind) const override {
+    return kind == core::MemoryKind::kCudaDevice;
+  }
+  std::vector<core::DeviceDescription> devices() const override { return {device_}; }
+  int ordinal() const { return device_.ordinal; }
+
+  // Device memory (cudaMalloc, zero-filled); RESOURCE_EXHAUSTED when the
+  // allocation fails. Copies are synchronous; INVALID_ARGUMENT when `bytes`
+  // exceeds the staging size.
+  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override;
+  absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
+  absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;
+
+  absl::Status Run(const kernels::SortTokensArgs& args) override;
+  absl::Status Run(const kernels::GatherTokensArgs& args) override;
+  absl::Status Run(const kernels::ScatterTokensArgs& args) override;
+  absl::Status Run(const kernels::GatherBertMaskArgs& args) override;
+  absl::Status Run(const kernels::SliceGptMaskArgs& args) override;
+  absl::Status Run(const kernels::SegmentSeqlensArgs& args) override;
+  absl::Status Run(const kernels::SampleTokensArgs& args) override;
+  absl::Status Run(const kernels::TopKTokensArgs& args) override;
+
+  // Pool statistics (tests, metrics): device allocations made for workspaces
+  // so far, and workspaces currently cached.
+  int64_t workspace_allocations() const;
+  size_t cached_workspaces() const;
+
+ private:
+  explicit CudaBackend(core::DeviceDescription device);
+  absl::Status Init(int streams);
+
+  // Lease = (stream, workspace) for one op; returned to the pools by Release.
+  struct Lease {
+    kernels::cuda::Stream stream = nullptr;
+    kernels::cuda::Workspace ws;
+  };
+  absl::StatusOr<Lease> Acquire(size_t workspace_bytes);
+  void Release(const Lease& lease);
+
+  template <typename Args, typename Bytes, typename Async, typename Finish>
+  absl::Status RunOp(const Args& args, Bytes bytes, Async async, Finish finish);
+
+  core::DeviceDescription device_;
+  mutable absl::Mutex mu_;
+  std::vector<kernels::cuda::Stream> all_streams_ ABSL_GUARDED_BY(mu_);
+  std::vector<kernels::cuda::Stream> free_streams_ ABSL_GUARDED_BY(mu_);
+  std::multimap<size_t, void*> free_workspaces_ ABSL_GUARDED_BY(mu_);  // bytes -> ptr
+  std::vector<void*> all_workspaces_ ABSL_GUARDED_BY(mu_);
+  int64_t workspace_allocations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The CUDA backend when this build has one (server/backends/cuda_backend.cc),
+// else FAILED_PRECONDITION (cuda_backend_nocuda.cc).
+absl::StatusOr<std::unique_ptr<core::Backend>> MakeCudaBackend(absl::string_view device_uuid);
+
+}  // namespace tokensel::backends
+
+#endif  // TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_

@@ -1,0 +1,62 @@
+// Backend: where operators run. CpuBackend (server/backends) runs
+// kernels::cpu on a thread pool over host memory; CudaBackend runs
+// kernels::cuda on device memory. The executor resolves every tensor to a
+// view the backend can access (CanAccess) before calling Run.
+#ifndef TOKENSEL_SERVER_CORE_BACKEND_H_
+#define TOKENSEL_SERVER_CORE_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/ops.h"
+#include "server/core/region.h"
+
+namespace tokensel::core {
+
+struct DeviceDescription {
+  int ordinal = 0;
+  std::string uuid;
+  std::string name;
+  int compute_capability = 0;
+  uint64_t total_memory_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual absl::string_view name() const = 0;  // "cpu" | "cuda" (metric label)
+  // Whether views into memory of this kind can be passed to Run.
+  virtual bool CanAccess(MemoryKind kind) const = 0;
+  virtual std::vector<DeviceDescription> devices() const { return {}; }
+
+  // Memory for inline tensors, accessible to Run: aligned host memory on the
+  // CPU, device memory on CUDA. Copies are synchronous.
+  class Staging {
+   public:
+    virtual ~Staging() = default;
+    virtual void* data() const = 0;
+    virtual uint64_t size() const = 0;
+  };
+  virtual absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) = 0;
+  virtual absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) = 0;
+  virtual absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) = 0;
+
+  // Synchronous: the op has completed (or failed, writing nothing) on return.
+  // Errors are the kernels' (INVALID_ARGUMENT) or INTERNAL for device faults.
+  virtual absl::Status Run(const kernels::SortTokensArgs& args) = 0;
+  virtual absl::Status Run(const kernels::GatherTokensArgs& args) = 0;
+  virtual absl::Status Run(const kernels::ScatterTokensArgs& args) = 0;
+  virtual absl::Status Run(const kernels::GatherBertMaskArgs& args) = 0;
+  virtual absl::Status Run(const kernels::SliceGptMaskArgs& args) = 0;
+  virtual absl::Status Run(const kernels::SegmentSeqlensArgs& args) = 0;
+  virtual absl::Status Run(const kernels::SampleTokensArgs& args) = 0;
+  virtual absl::Status Run(const kernels::TopKTokensArgs& args) = 0;
+};
+
+}  // namespace tokensel::core
+
+#endif  // TOKENSEL_SERVER_CORE_BACKEND_H_

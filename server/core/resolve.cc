@@ -1,0 +1,274 @@
+#include "server/core/resolve.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "kernels/validate.h"
+
+namespace tokensel::core {
+namespace {
+
+using kernels::DType;
+using kernels::TensorView;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+absl::string_view MemoryKindName(MemoryKind kind) {
+  return kind == MemoryKind::kHost ? "host" : "CUDA device";
+}
+
+// Checks everything about a spec's metadata that needs no data, and builds
+// the view (data = null) with explicit or default row-major strides.
+absl::StatusOr<TensorView> MetadataView(const TensorSpec& spec, absl::string_view field) {
+  if (!spec.dtype.has_value())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": dtype is required"));
+  const size_t rank = spec.shape.size();
+  if (rank == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape is required (rank 0)"));
+  }
+  if (rank > static_cast<size_t>(kernels::kMaxRank)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": rank ", rank, " (shape ",
+                                                   ShapeString(spec.shape), ") exceeds ",
+                                                   kernels::kMaxRank));
+  }
+  if (!spec.strides.empty() && spec.strides.size() != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", spec.strides.size(),
+                                                   " strides given for the rank ", rank, " shape ",
+                                                   ShapeString(spec.shape)));
+  }
+  TensorView v;
+  v.dtype = *spec.dtype;
+  v.rank = static_cast<int>(rank);
+  bool empty = false;
+  for (size_t d = 0; d < rank; ++d) {
+    if (spec.shape[d] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": dim ", d, " is ", spec.shape[d], " (negative)"));
+    }
+    empty |= spec.shape[d] == 0;
+    v.shape[d] = spec.shape[d];
+  }
+  if (!spec.strides.empty()) {
+    for (size_t d = 0; d < rank; ++d) {
+      if (spec.strides[d] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": stride ", d, " is ",
+                                                       spec.strides[d],
+                                                       " (negative strides are not supported)"));
+      }
+      v.strides[d] = spec.strides[d];
+    }
+  } else {
+    int64_t stride = 1;
+    for (int d = v.rank - 1; d >= 0; --d) {
+      v.strides[d] = stride;
+      if (__builtin_mul_overflow(stride, v.shape[d], &stride)) {
+        if (!empty) {
+          return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(spec.shape),
+                                                         " has more than 2^63 elements"));
+        }
+        stride = 0;  // empty: no element is ever addressed
+      }
+    }
+  }
+  // The element count and the byte extent must fit in int64 (the pointer is
+  // formed later, so kernels::CheckView cannot run yet).
+  int64_t count = 1;
+  for (int d = 0; d < v.rank; ++d) {
+    if (__builtin_mul_overflow(count, v.shape[d], &count)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeString(spec.shape), " has more than 2^63 elements"));
+    }
+  }
+  RETURN_IF_ERROR(kernels::ComputeExtent(v, field).status());
+  return v;
+}
+
+// Row-major byte size of `shape` x `dtype`, overflow-checked.
+absl::StatusOr<uint64_t> RowMajorBytes(DType dtype, const std::vector<int64_t>& shape,
+                                       absl::string_view field) {
+  for (int64_t n : shape) {
+    if (n == 0) return uint64_t{0};
+  }
+  uint64_t bytes = static_cast<uint64_t>(kernels::ElementSize(dtype));
+  for (int64_t n : shape) {
+    if (n < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(n), &bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeString(shape), " is too large"));
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+Resolver::Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
+                   uint64_t max_inline_bytes)
+    : backend_(backend),
+      registry_(registry),
+      session_(session),
+      max_inline_bytes_(max_inline_bytes) {}
+
+Resolver::~Resolver() = default;
+
+absl::StatusOr<TensorView> Resolver::Input(const TensorSpec& spec, absl::string_view field) {
+  switch (spec.source) {
+    case TensorSpec::Source::kBuffer:
+      return BufferView(spec, field);
+    case TensorSpec::Source::kInline:
+      return InlineView(spec, field);
+    case TensorSpec::Source::kNone:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": missing (give a buffer reference or inline data)"));
+}
+
+absl::StatusOr<std::optional<TensorView>> Resolver::OptionalInput(
+    const std::optional<TensorSpec>& spec, absl::string_view field) {
+  if (!spec.has_value()) return std::optional<TensorView>();
+  ASSIGN_OR_RETURN(TensorView v, Input(*spec, field));
+  return std::optional<TensorView>(v);
+}
+
+absl::StatusOr<TensorView> Resolver::InOut(const TensorSpec& spec, absl::string_view field,
+                                           absl::string_view result_name) {
+  if (spec.source != TensorSpec::Source::kInline) return Input(spec, field);
+  const uint64_t bytes = spec.inline_data.size();
+  RETURN_IF_ERROR(ReserveInline(result_name, bytes));
+  ASSIGN_OR_RETURN(TensorView v, InlineView(spec, field));
+  pending_.push_back(
+      Pending{std::string(result_name), v.dtype, spec.shape, staging_.back().get(), bytes});
+  return v;
+}
+
+absl::StatusOr<TensorView> Resolver::Output(const std::optional<TensorSpec>& spec,
+                                            absl::string_view field, DeriveFn derive) {
+  if (spec.has_value()) {
+    if (spec->source == TensorSpec::Source::kBuffer) return BufferView(*spec, field);
+    if (spec->source == TensorSpec::Source::kInline) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field,
+                       ": an output cannot carry inline data (give a buffer, or no data to have it "
+                       "returned inline)"));
+    }
+    if (!spec->strides.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": strides given for an inline output (inline is row-major)"));
+    }
+  }
+  ASSIGN_OR_RETURN(OutputShape derived, derive());
+  if (spec.has_value() && spec->dtype.has_value() && *spec->dtype != derived.dtype) {
+    const bool allowed = derived.index_dtype_choice && kernels::IsIndexDType(*spec->dtype);
+    if (!allowed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": dtype ", kernels::DTypeName(*spec->dtype), " differs from ",
+          derived.index_dtype_choice ? "int32|int64" : kernels::DTypeName(derived.dtype),
+          " (the dtype this op produces)"));
+    }
+    derived.dtype = *spec->dtype;
+  }
+  if (spec.has_value() && !spec->shape.empty() && spec->shape != derived.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(spec->shape),
+                                                   " differs from the shape this op produces, ",
+                                                   ShapeString(derived.shape)));
+  }
+  if (derived.shape.size() > static_cast<size_t>(kernels::kMaxRank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": rank ", derived.shape.size(), " exceeds ", kernels::kMaxRank));
+  }
+  ASSIGN_OR_RETURN(uint64_t bytes, RowMajorBytes(derived.dtype, derived.shape, field));
+  RETURN_IF_ERROR(ReserveInline(field, bytes));
+  ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
+  pending_.push_back(Pending{std::string(field), derived.dtype, derived.shape, staging, bytes});
+  return TensorView::Contiguous(staging->data(), derived.dtype, derived.shape);
+}
+
+absl::StatusOr<std::vector<InlineOutput>> Resolver::TakeInlineOutputs() {
+  std::vector<InlineOutput> outputs;
+  outputs.reserve(pending_.size());
+  for (Pending& p : pending_) {
+    InlineOutput out;
+    out.name = std::move(p.name);
+    out.dtype = p.dtype;
+    out.shape = std::move(p.shape);
+    out.data.resize(static_cast<size_t>(p.bytes));
+    RETURN_IF_ERROR(backend_->CopyFromStaging(out.data.data(), *p.staging, p.bytes));
+    outputs.push_back(std::move(out));
+  }
+  pending_.clear();
+  return outputs;
+}
+
+absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::string_view field) {
+  ASSIGN_OR_RETURN(TensorView v, MetadataView(spec, field));
+  ASSIGN_OR_RETURN(kernels::ByteExtent extent, kernels::ComputeExtent(v, field));
+  absl::StatusOr<BufferLease> lease = registry_->Acquire(session_, spec.buffer);
+  if (!lease.ok()) {
+    return absl::Status(lease.status().code(), absl::StrCat(field, ": ", lease.status().message()));
+  }
+  const Buffer& buffer = **lease;
+  const MappedRegion& region = buffer.region();
+  const uint64_t offset = spec.byte_offset;
+  const auto size = static_cast<uint64_t>(extent.end);  // >= 0
+  if (size > std::numeric_limits<uint64_t>::max() - offset || offset + size > region.size()) {
+    return absl::OutOfRangeError(absl::StrCat(field, ": byte_offset ", offset, " + extent ", size,
+                                              " exceeds buffer '", spec.buffer, "' size ",
+                                              region.size()));
+  }
+  if (!backend_->CanAccess(region.memory_kind())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": buffer '", spec.buffer, "' is in ", MemoryKindName(region.memory_kind()),
+        " memory, which the ", backend_->name(), " backend cannot access"));
+  }
+  v.data = static_cast<char*>(region.data()) + offset;
+  leases_.push_back(*std::move(lease));
+  return v;
+}
+
+absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::string_view field) {
+  if (!spec.strides.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": inline data is row-major; strides must be empty"));
+  }
+  ASSIGN_OR_RETURN(TensorView v, MetadataView(spec, field));
+  ASSIGN_OR_RETURN(uint64_t bytes, RowMajorBytes(v.dtype, spec.shape, field));
+  if (spec.inline_data.size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": inline data is ", spec.inline_data.size(), " bytes, expected ", bytes, " (shape ",
+        ShapeString(spec.shape), " x ", kernels::ElementSize(v.dtype), " bytes of ",
+        kernels::DTypeName(v.dtype), ")"));
+  }
+  ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
+  RETURN_IF_ERROR(backend_->CopyToStaging(*staging, spec.inline_data.data(), bytes));
+  v.data = staging->data();
+  return v;
+}
+
+absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {
+  // inline_output_bytes_ <= max_inline_bytes_ always: no overflow.
+  if (bytes > max_inline_bytes_ - inline_output_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": returning ", bytes, " bytes inline (", inline_output_bytes_,
+                     " bytes already) would exceed max_inline_bytes = ", max_inline_bytes_,
+                     "; write the output to a buffer instead"));
+  }
+  inline_output_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Backend::Staging*> Resolver::Stage(absl::string_view field, uint64_t bytes) {
+  absl::StatusOr<std::unique_ptr<Backend::Staging>> staging = backend_->AllocateStaging(bytes);
+  if (!staging.ok()) {
+    return absl::Status(staging.status().code(),
+                        absl::StrCat(field, ": ", staging.status().message()));
+  }
+  staging_.push_back(*std::move(staging));
+  return staging_.back().get();
+}
+
+}  // namespace tokensel::core

@@ -1,0 +1,105 @@
+// Resolver: turns the TensorSpecs of one op into kernels::TensorViews the
+// backend can use, and owns what those views point into (buffer leases and
+// staging memory) until it is destroyed.
+//
+//  - kBuffer: dtype and shape are required; strides default to row-major.
+//    The view's byte extent is computed overflow-safely (kernels::
+//    ComputeExtent), the buffer is leased (NOT_FOUND / PERMISSION_DENIED),
+//    then [byte_offset, byte_offset + extent) is checked against the buffer
+//    without overflow (`extent > UINT64_MAX - offset` first), giving
+//    OUT_OF_RANGE "activations: byte_offset 4096 + extent 65536 exceeds
+//    buffer 'acts' size 32768"; a buffer in memory the backend cannot access
+//    is FAILED_PRECONDITION. Only then is a pointer formed.
+//  - kInline: dtype and shape required, strides must be empty and the length
+//    must equal product(shape) * element size (INVALID_ARGUMENT); the bytes
+//    are copied to backend staging.
+//  - kNone: for inputs INVALID_ARGUMENT "<field>: missing"; for outputs the
+//    result is allocated in staging with the shape the op derives
+//    (output_shapes.h) and returned inline. A dtype or shape in the spec must
+//    then equal the derived one (or, for ids outputs, pick int32|int64).
+// The total size of the inline outputs of one op is bounded by
+// `max_inline_bytes` (RESOURCE_EXHAUSTED, checked before allocating).
+// Every message starts with the request field's name.
+//
+// Not thread-safe: one Resolver per op execution.
+#ifndef TOKENSEL_SERVER_CORE_RESOLVE_H_
+#define TOKENSEL_SERVER_CORE_RESOLVE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/tensor_view.h"
+#include "server/core/backend.h"
+#include "server/core/buffer_registry.h"
+#include "server/core/output_shapes.h"
+#include "server/core/request.h"
+
+namespace tokensel::core {
+
+class Resolver {
+ public:
+  using DeriveFn = absl::FunctionRef<absl::StatusOr<OutputShape>()>;
+
+  Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
+           uint64_t max_inline_bytes);
+  ~Resolver();
+  Resolver(const Resolver&) = delete;
+  Resolver& operator=(const Resolver&) = delete;
+
+  // A required input (kBuffer or kInline).
+  absl::StatusOr<kernels::TensorView> Input(const TensorSpec& spec, absl::string_view field);
+  // An optional input: nullopt stays nullopt; present means required.
+  absl::StatusOr<std::optional<kernels::TensorView>> OptionalInput(
+      const std::optional<TensorSpec>& spec, absl::string_view field);
+
+  // An input the op writes in place (SortTokens ids without `out`,
+  // ScatterTokens all). Inline data is staged like an input and the result is
+  // returned inline under `result_name`.
+  absl::StatusOr<kernels::TensorView> InOut(const TensorSpec& spec, absl::string_view field,
+                                            absl::string_view result_name);
+
+  // An output: kBuffer writes there; kNone (or an absent spec) returns it
+  // inline under `field`, shaped by `derive` (called only in that case);
+  // kInline is INVALID_ARGUMENT (an output carries no data).
+  absl::StatusOr<kernels::TensorView> Output(const std::optional<TensorSpec>& spec,
+                                             absl::string_view field, DeriveFn derive);
+
+  // After the op succeeded: copies the inline outputs back from staging, in
+  // the order they were resolved.
+  absl::StatusOr<std::vector<InlineOutput>> TakeInlineOutputs();
+
+ private:
+  struct Pending {
+    std::string name;
+    kernels::DType dtype;
+    std::vector<int64_t> shape;
+    const Backend::Staging* staging;
+    uint64_t bytes;
+  };
+
+  absl::StatusOr<kernels::TensorView> BufferView(const TensorSpec& spec, absl::string_view field);
+  absl::StatusOr<kernels::TensorView> InlineView(const TensorSpec& spec, absl::string_view field);
+  // Counts `bytes` more inline output bytes; RESOURCE_EXHAUSTED beyond
+  // max_inline_bytes_.
+  absl::Status ReserveInline(absl::string_view field, uint64_t bytes);
+  absl::StatusOr<const Backend::Staging*> Stage(absl::string_view field, uint64_t bytes);
+
+  Backend* const backend_;
+  const BufferRegistry* const registry_;
+  const std::string& session_;
+  const uint64_t max_inline_bytes_;
+  uint64_t inline_output_bytes_ = 0;
+  std::vector<BufferLease> leases_;
+  std::vector<std::unique_ptr<Backend::Staging>> staging_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace tokensel::core
+
+#endif  // TOKENSEL_SERVER_CORE_RESOLVE_H_

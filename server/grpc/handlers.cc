@@ -1,0 +1,88 @@
+#include "server/grpc/handlers.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/grpc/status_util.h"
+
+namespace tokensel::server {
+
+std::optional<std::string> Handlers::SessionMetadata(const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find(grpc::string_ref(kSessionMetadataKey.data(), kSessionMetadataKey.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::StatusOr<core::SessionInfo> Handlers::TouchSession(
+    const grpc::CallbackServerContext& ctx) const {
+  std::optional<std::string> id = SessionMetadata(ctx);
+  if (!id.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing ", kSessionMetadataKey, " metadata (call OpenSession first)"));
+  }
+  ASSIGN_OR_RETURN(absl::Duration ttl, deps_.sessions->Touch(*id));
+  core::SessionInfo info;
+  info.id = std::move(*id);
+  info.ttl = ttl;
+  return info;
+}
+
+absl::Status Handlers::RunOp(const std::string& session, const core::OpRequest& op,
+                             v1::OpResponse* response) const {
+  ASSIGN_OR_RETURN(core::OpResult result, deps_.executor->Run(session, op));
+  OpResultToProto(std::move(result), response);
+  return absl::OkStatus();
+}
+
+absl::Status Handlers::RunOp(const std::string& session, const v1::Op& op,
+                             v1::OpResponse* response, absl::string_view prefix) const {
+  ASSIGN_OR_RETURN(core::OpRequest request, OpFromProto(op, prefix));
+  return RunOp(session, request, response);
+}
+
+absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequest& request,
+                               v1::ExecuteResponse* response) const {
+  if (!request.wait_event().empty() || !request.record_event().empty()) {
+    const absl::string_view field = request.wait_event().empty() ? "record_event" : "wait_event";
+    if (deps_.executor->backend().name() != "cuda") {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": CUDA IPC events need the cuda backend (this server runs ",
+                       deps_.executor->backend().name(), ")"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": CUDA IPC events are not supported by this server's cuda backend"));
+  }
+  ASSIGN_OR_RETURN(std::vector<core::OpRequest> ops, OpsFromProto(request));
+  ASSIGN_OR_RETURN(std::vector<core::OpResult> results, deps_.executor->RunAll(session, ops));
+  response->mutable_results()->Reserve(static_cast<int>(results.size()));
+  for (core::OpResult& result : results) {
+    OpResultToProto(std::move(result), response->add_results());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Handlers::Register(const std::string& session,
+                                const v1::RegisterBufferRequest& request,
+                                v1::RegisterBufferResponse* response) const {
+  ASSIGN_OR_RETURN(core::RegionSpec spec, RegionFromProto(request));
+  ASSIGN_OR_RETURN(core::BufferInfo info,
+                   deps_.registry->Register(session, request.name(), spec));
+  BufferInfoToProto(info, response->mutable_buffer());
+  return absl::OkStatus();
+}
+
+absl::Status Handlers::Unregister(const std::string& session,
+                                  const v1::UnregisterBufferRequest& request) const {
+  return deps_.registry->Unregister(session, request.name());
+}
+
+void RpcTimer::Record(absl::StatusCode code) const {
+  if (metrics_ == nullptr) return;
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
+  metrics_->ObserveRpc(method_, StatusCodeName(code), elapsed.count());
+}
+
+}  // namespace tokensel::server

@@ -1,0 +1,94 @@
+// Handlers: the convert -> core -> convert step of every session RPC, shared
+// by the unary methods and the Stream reactor. No transport code beyond
+// reading the session metadata.
+//
+// Thread-safe (the core objects are); methods may block on the backend, so
+// the service calls the op methods from its WorkQueue, never from a gRPC
+// callback thread.
+#ifndef TOKENSEL_SERVER_GRPC_HANDLERS_H_
+#define TOKENSEL_SERVER_GRPC_HANDLERS_H_
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/server_context.h"
+#include "server/core/admission.h"
+#include "server/core/buffer_registry.h"
+#include "server/core/executor.h"
+#include "server/core/service_metrics.h"
+#include "server/core/session_manager.h"
+#include "server/grpc/convert.h"
+#include "server/grpc/work_queue.h"
+#include "tokensel/v1/tokensel.pb.h"
+
+namespace tokensel::server {
+
+// The metadata key that carries the session id.
+inline constexpr absl::string_view kSessionMetadataKey = "tokensel-session";
+
+// What the service works with; owned by the Server, all non-null except
+// `metrics`.
+struct ServiceDeps {
+  core::SessionManager* sessions = nullptr;
+  core::BufferRegistry* registry = nullptr;
+  core::Admission* admission = nullptr;
+  core::Executor* executor = nullptr;
+  core::ServiceMetrics* metrics = nullptr;
+  WorkQueue* workers = nullptr;
+  ServerDescription description;
+};
+
+class Handlers {
+ public:
+  explicit Handlers(ServiceDeps deps) : deps_(std::move(deps)) {}
+
+  const ServiceDeps& deps() const { return deps_; }
+
+  // The session id in the call's metadata, or nullopt when there is none.
+  static std::optional<std::string> SessionMetadata(const grpc::CallbackServerContext& ctx);
+
+  // The call's session, renewed: INVALID_ARGUMENT "missing tokensel-session
+  // metadata" when absent, NOT_FOUND when unknown or expired.
+  absl::StatusOr<core::SessionInfo> TouchSession(const grpc::CallbackServerContext& ctx) const;
+
+  absl::Status RunOp(const std::string& session, const core::OpRequest& op,
+                     v1::OpResponse* response) const;
+  // Converts `op` (errors prefixed with `prefix`) and runs it.
+  absl::Status RunOp(const std::string& session, const v1::Op& op, v1::OpResponse* response,
+                     absl::string_view prefix = "") const;
+  // RunAll; FAILED_PRECONDITION when wait_event/record_event are set (no
+  // backend of this build supports CUDA IPC events).
+  absl::Status Execute(const std::string& session, const v1::ExecuteRequest& request,
+                       v1::ExecuteResponse* response) const;
+  absl::Status Register(const std::string& session, const v1::RegisterBufferRequest& request,
+                        v1::RegisterBufferResponse* response) const;
+  absl::Status Unregister(const std::string& session,
+                          const v1::UnregisterBufferRequest& request) const;
+
+ private:
+  const ServiceDeps deps_;
+};
+
+// Times one RPC and records tokensel_rpc_duration_seconds and
+// tokensel_requests_total{method,code} once, when Record is called.
+class RpcTimer {
+ public:
+  RpcTimer(core::ServiceMetrics* metrics, absl::string_view method)
+      : metrics_(metrics), method_(method), start_(std::chrono::steady_clock::now()) {}
+  void Record(absl::StatusCode code) const;
+
+ private:
+  core::ServiceMetrics* metrics_;
+  absl::string_view method_;  // a string literal
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace tokensel::server
+
+#endif  // TOKENSEL_SERVER_GRPC_HANDLERS_H_

@@ -1,0 +1,232 @@
+#include "server/grpc/server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "kernels/tensor_view.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "server/backends/make_backend.h"
+#include "server/grpc/listeners.h"
+#include "server/grpc/service.h"
+#include "server/grpc/work_queue.h"
+#include "server/memory/cuda_ipc_mapper.h"
+#include "server/memory/host_shm_mapper.h"
+
+#ifndef TOKENSEL_VERSION
+#define TOKENSEL_VERSION "unknown"
+#endif
+
+namespace tokensel::server {
+namespace {
+
+constexpr char kServiceName[] = "tokensel.v1.TokenSelect";
+// How long idle streams and not-yet-admitted calls get once every admitted
+// request has drained (see Shutdown).
+constexpr absl::Duration kIdleStreamGrace = absl::Milliseconds(500);
+
+int ClampToInt(uint64_t v) { return static_cast<int>(std::min<uint64_t>(v, INT_MAX)); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  absl::Status status = server->Init();
+  if (!status.ok()) {
+    server->Shutdown(absl::ZeroDuration());
+    return status;
+  }
+  return server;
+}
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {}
+
+Server::~Server() { Shutdown(); }
+
+absl::Status Server::Init() {
+  if (options_.listen.empty()) return absl::InvalidArgumentError("listen: no address given");
+  if (options_.max_inflight == 0) return absl::InvalidArgumentError("max_inflight must be > 0");
+  RETURN_IF_ERROR(memory::HostShmMapper::ValidatePrefix(options_.shm_prefix));
+
+  ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
+  memory::HostShmMapperOptions shm;
+  shm.prefix = options_.shm_prefix;
+  if (!options_.trusted_uids.empty()) shm.trusted_uids = options_.trusted_uids;
+  host_shm_ = std::make_unique<memory::HostShmMapper>(std::move(shm));
+  cuda_ipc_ = memory::MakeCudaIpcMapper();
+
+  metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name());
+  registry_ = std::make_unique<core::BufferRegistry>(host_shm_.get(), cuda_ipc_.get(),
+                                                     options_.max_buffers, metrics_.get());
+  core::BufferRegistry* registry = registry_.get();
+  sessions_ = std::make_unique<core::SessionManager>(
+      options_.session_ttl, std::max(options_.max_session_ttl, options_.session_ttl),
+      options_.max_sessions,
+      [registry](const std::string& session) { registry->UnregisterAll(session); },
+      metrics_.get());
+  admission_ = std::make_unique<core::Admission>(options_.max_inflight, metrics_.get());
+  executor_ = std::make_unique<core::Executor>(backend_.get(), registry_.get(), metrics_.get(),
+                                               options_.max_message_bytes);
+  const int threads = options_.threads > 0
+                          ? options_.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  workers_ = std::make_unique<WorkQueue>(threads);
+
+  ServiceDeps deps;
+  deps.sessions = sessions_.get();
+  deps.registry = registry_.get();
+  deps.admission = admission_.get();
+  deps.executor = executor_.get();
+  deps.metrics = metrics_.get();
+  deps.workers = workers_.get();
+  ServerDescription& d = deps.description;
+  d.version = TOKENSEL_VERSION;
+  d.backend = std::string(backend_->name());
+  d.devices = backend_->devices();
+  d.max_message_bytes = options_.max_message_bytes;
+  d.max_buffers_per_session = options_.max_buffers;
+  d.max_inflight = options_.max_inflight;
+  d.session_ttl_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(options_.session_ttl));
+  d.max_rank = kernels::kMaxRank;
+  d.shm_prefix = options_.shm_prefix;
+  d.memory_kinds = {"host_shm"};
+  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) d.memory_kinds.push_back("cuda_ipc");
+  service_ = std::make_unique<TokenSelectService>(std::move(deps));
+
+  RETURN_IF_ERROR(StartGrpc());
+  RETURN_IF_ERROR(StartExposer());
+  reaper_ = std::thread([this] { ReaperLoop(); });
+
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(kServiceName, true);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartGrpc() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(ClampToInt(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(ClampToInt(options_.max_message_bytes));
+  std::vector<ListenAddress> addresses;
+  std::vector<std::unique_ptr<int>> ports;  // stable addresses for the builder
+  for (const std::string& raw : options_.listen) {
+    ASSIGN_OR_RETURN(ListenAddress address, ParseListenAddress(raw));
+    if (address.unix_path.has_value()) {
+      RETURN_IF_ERROR(RemoveStaleSocket(*address.unix_path));
+    } else {
+      TS_LOG(WARNING) << "listener " << raw
+                      << " is plaintext TCP without authentication (insecure); expose it only on "
+                         "trusted networks";
+    }
+    ports.push_back(std::make_unique<int>(0));
+    builder.AddListeningPort(address.address, grpc::InsecureServerCredentials(),
+                             ports.back().get());
+    addresses.push_back(std::move(address));
+  }
+  builder.RegisterService(service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listen: could not start the gRPC server on ", absl::StrJoin(options_.listen, ", ")));
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (*ports[i] == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("listen ", addresses[i].address, ": could not bind"));
+    }
+    if (addresses[i].unix_path.has_value()) {
+      const std::string& path = *addresses[i].unix_path;
+      socket_paths_.push_back(path);
+      if (::chmod(path.c_str(), 0660) != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("listen: chmod 0660 ", path, " failed: ", std::strerror(errno)));
+      }
+      listen_addresses_.push_back(addresses[i].address);
+    } else {
+      listen_addresses_.push_back(WithPort(addresses[i].address, *ports[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartExposer() {
+  if (options_.metrics_address.empty()) return absl::OkStatus();
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics_address);
+  } catch (const std::exception& e) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "metrics_address ", options_.metrics_address, ": cannot serve metrics: ", e.what()));
+  }
+  exposer_->RegisterCollectable(metrics_->registry());
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  metrics_address_ =
+      ports.empty() ? options_.metrics_address : WithPort(options_.metrics_address, ports[0]);
+  return absl::OkStatus();
+}
+
+void Server::ReaperLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_reaper_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_reaper_),
+                         std::max(options_.reap_interval, absl::Milliseconds(10)));
+    if (stop_reaper_) break;
+    mu_.Unlock();
+    const int reaped = sessions_->ReapExpired();
+    if (reaped > 0) {
+      TS_LOG(INFO) << "expired " << reaped << " idle session(s)";
+    }
+    mu_.Lock();
+  }
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  absl::MutexLock shutdown_lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  const absl::Time deadline = absl::Now() + grace;
+  if (grpc_server_ != nullptr) {
+    grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(false);
+  }
+  absl::Time grpc_deadline = deadline;
+  if (admission_ != nullptr && !admission_->Drain(grace)) {
+    TS_LOG(WARNING) << "shutdown: " << admission_->inflight()
+                    << " request(s) still running after the grace period";
+  } else {
+    // Every admitted request has finished; what is left are idle long-lived
+    // streams (health Watch, an idle Stream) and calls that arrived during the
+    // drain, which only need a moment to be answered UNAVAILABLE.
+    grpc_deadline = std::min(deadline, absl::Now() + kIdleStreamGrace);
+  }
+  if (grpc_server_ != nullptr) grpc_server_->Shutdown(absl::ToChronoTime(grpc_deadline));
+  if (workers_ != nullptr) workers_->Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_reaper_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+  if (sessions_ != nullptr) sessions_->CloseAll();
+  exposer_.reset();
+  for (const std::string& path : socket_paths_) ::unlink(path.c_str());
+  socket_paths_.clear();
+}
+
+}  // namespace tokensel::server

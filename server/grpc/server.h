@@ -1,0 +1,136 @@
+// Server: everything tokensel-server runs, in one object.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
+//   ... wait for SIGTERM ...
+//   server->Shutdown();
+//
+// Start builds, in order: the backend (MakeBackend), the region mappers
+// (host shm under `shm_prefix`, CUDA IPC), ServiceMetrics, the BufferRegistry,
+// the SessionManager (a session's end unregisters its buffers), Admission,
+// the Executor, the op WorkQueue, the TokenSelect service with the standard
+// health and reflection services on every listener, the Prometheus exposer
+// and a reaper thread that expires idle sessions. Health reports SERVING for
+// "" and "tokensel.v1.TokenSelect" once all of that is up.
+//
+// Listeners: "unix:///abs/path" (or "unix:rel/path") and "host:port". A stale
+// socket file (nobody accepting on it) is removed first; a live one, or a
+// non-socket file at that path, fails Start. Socket files are chmod 0660
+// after bind and removed by Shutdown. TCP listeners are insecure
+// (plaintext, no token); Start logs a warning. Port 0 picks a free port;
+// listen_addresses() reports the resolved one.
+//
+// Shutdown: health NOT_SERVING, Admission::Drain (in-flight requests finish,
+// new ones get UNAVAILABLE), grpc::Server::Shutdown with the rest of the grace
+// period as deadline (then cancels), the workers finish their queue, every
+// session is closed (its buffers unmapped), sockets removed. Idempotent; the
+// destructor calls it.
+//
+// Thread-safe: Shutdown may race with requests and with itself.
+#ifndef TOKENSEL_SERVER_GRPC_SERVER_H_
+#define TOKENSEL_SERVER_GRPC_SERVER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/core/admission.h"
+#include "server/core/backend.h"
+#include "server/core/buffer_registry.h"
+#include "server/core/executor.h"
+#include "server/core/region.h"
+#include "server/core/service_metrics.h"
+#include "server/core/session_manager.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace tokensel::server {
+
+class TokenSelectService;
+class WorkQueue;
+
+struct ServerOptions {
+  std::vector<std::string> listen = {"unix:///tmp/tokensel.sock"};
+  std::string metrics_address = "0.0.0.0:9464";  // empty = no exposer
+  std::string backend = "auto";                  // auto | cpu | cuda
+  int threads = 0;                               // 0 = hardware concurrency
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+  absl::Duration session_ttl = absl::Seconds(60);
+  absl::Duration max_session_ttl = absl::Hours(1);  // raised to session_ttl if lower
+  std::string shm_prefix = "/tokensel";
+  std::vector<uid_t> trusted_uids;  // empty = the server's effective uid
+  uint32_t max_buffers = 1024;      // per session
+  uint32_t max_inflight = 256;
+  uint32_t max_sessions = 1024;
+  absl::Duration reap_interval = absl::Seconds(1);
+};
+
+class Server {
+ public:
+  // INVALID_ARGUMENT for bad options (shm prefix, listen address, backend
+  // name), FAILED_PRECONDITION when a listener or the exposer cannot bind or
+  // a live server owns the socket, and the backend's errors.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // One per --listen, with the port resolved ("unix:///tmp/t.sock",
+  // "127.0.0.1:40123").
+  const std::vector<std::string>& listen_addresses() const { return listen_addresses_; }
+  // "host:port" of the exposer, empty when disabled.
+  const std::string& metrics_address() const { return metrics_address_; }
+  absl::string_view backend_name() const { return backend_->name(); }
+
+  void Shutdown(absl::Duration grace = absl::Seconds(10));
+
+  core::SessionManager& sessions() { return *sessions_; }
+  core::BufferRegistry& registry() { return *registry_; }
+  core::Admission& admission() { return *admission_; }
+  core::ServiceMetrics& metrics() { return *metrics_; }
+
+ private:
+  explicit Server(ServerOptions options);
+  absl::Status Init();
+  absl::Status StartGrpc();
+  absl::Status StartExposer();
+  void ReaperLoop();
+
+  const ServerOptions options_;
+  std::unique_ptr<core::Backend> backend_;
+  std::unique_ptr<core::RegionMapper> host_shm_;
+  std::unique_ptr<core::RegionMapper> cuda_ipc_;
+  std::unique_ptr<core::ServiceMetrics> metrics_;
+  std::unique_ptr<core::BufferRegistry> registry_;
+  std::unique_ptr<core::SessionManager> sessions_;
+  std::unique_ptr<core::Admission> admission_;
+  std::unique_ptr<core::Executor> executor_;
+  std::unique_ptr<WorkQueue> workers_;
+  std::unique_ptr<TokenSelectService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::vector<std::string> listen_addresses_;
+  std::vector<std::string> socket_paths_;  // unix listeners, removed on shutdown
+  std::string metrics_address_;
+
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  absl::Mutex mu_;
+  bool stop_reaper_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace tokensel::server
+
+#endif  // TOKENSEL_SERVER_GRPC_SERVER_H_

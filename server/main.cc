@@ -1,0 +1,166 @@
+// tokensel-server: the token-selection sidecar. See docs and --help.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "server/grpc/server.h"
+
+ABSL_FLAG(std::vector<std::string>, listen, {"unix:///tmp/tokensel.sock"},
+          "Address to serve gRPC on; repeat the flag (or separate with commas) for several. "
+          "unix:///absolute/path for co-located workers (socket mode 0660; a stale socket is "
+          "replaced), host:port for TCP (plaintext, no authentication: trusted networks only; "
+          "port 0 picks a free port, printed at startup).");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
+          "host:port of the Prometheus /metrics endpoint; empty disables it.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Where operators run: auto (cuda when a GPU and the CUDA backend exist, else cpu), "
+          "cpu, or cuda.");
+ABSL_FLAG(int, threads, 0,
+          "Op worker threads and CPU backend parallelism; 0 = hardware concurrency.");
+ABSL_FLAG(uint64_t, max_message_bytes, uint64_t{64} << 20,
+          "Largest gRPC message accepted or sent, in bytes (inline tensors count here); also "
+          "bounds one op's inline outputs.");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(60),
+          "Session lease when OpenSession asks for 0; idle sessions expire after their lease "
+          "and their buffers are unregistered.");
+ABSL_FLAG(std::string, shm_prefix, "/tokensel",
+          "host_shm registrations may only open POSIX shm names starting with this prefix.");
+ABSL_FLAG(std::vector<std::string>, trusted_uids, {},
+          "Comma-separated uids whose shm objects may be registered; empty = the server's own "
+          "effective uid.");
+ABSL_FLAG(uint32_t, max_buffers, 1024, "Most buffers one session may register.");
+ABSL_FLAG(uint32_t, max_inflight, 256,
+          "Most requests in flight at once; beyond it requests fail fast with "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, max_sessions, 1024, "Most concurrent sessions (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(std::string, log_level, "info", "Least severe log level shown: debug|info|warning|error.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "On SIGTERM/SIGINT: how long in-flight requests may take before they are cancelled.");
+
+namespace {
+
+// absl flags keep only the last occurrence of a flag; --listen is meant to
+// repeat, so its occurrences are merged into one comma-separated value.
+std::vector<std::string> MergeListenFlags(int argc, char** argv) {
+  std::vector<std::string> args;
+  std::vector<std::string> listen;
+  for (int i = 0; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (i > 0 && (arg == "--listen" || arg == "-listen") && i + 1 < argc) {
+      listen.emplace_back(argv[++i]);
+    } else if (i > 0 && (absl::StartsWith(arg, "--listen=") || absl::StartsWith(arg, "-listen="))) {
+      listen.emplace_back(arg.substr(arg.find('=') + 1));
+    } else if (arg == "--") {
+      for (; i < argc; ++i) args.emplace_back(argv[i]);
+    } else {
+      args.emplace_back(arg);
+    }
+  }
+  if (!listen.empty()) args.push_back(absl::StrCat("--listen=", absl::StrJoin(listen, ",")));
+  return args;
+}
+
+absl::StatusOr<std::vector<uid_t>> ParseUids(const std::vector<std::string>& values) {
+  std::vector<uid_t> uids;
+  for (const std::string& value : values) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(value, &uid)) {
+      return absl::InvalidArgumentError(absl::StrCat("trusted_uids: not a uid: '", value, "'"));
+    }
+    uids.push_back(static_cast<uid_t>(uid));
+  }
+  return uids;
+}
+
+int Fail(const absl::Status& status) {
+  TS_LOG(ERROR) << "tokensel-server: " << status;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(
+      "token selection (sort, gather, scatter, masks, THD seqlens) as a "
+      "node-local gRPC service.\nUsage: tokensel-server [--listen=unix:///tmp/tokensel.sock] "
+      "[--listen=0.0.0.0:50051] [flags]");
+  std::vector<std::string> merged = MergeListenFlags(argc, argv);
+  std::vector<char*> merged_argv;
+  for (std::string& arg : merged) merged_argv.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(merged_argv.size()), merged_argv.data());
+
+  absl::StatusOr<tokensel::log::Level> level =
+      tokensel::log::ParseLevel(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) return Fail(level.status());
+  tokensel::log::SetMinLevel(*level);
+
+  tokensel::server::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  options.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
+  absl::StatusOr<std::vector<uid_t>> uids = ParseUids(absl::GetFlag(FLAGS_trusted_uids));
+  if (!uids.ok()) return Fail(uids.status());
+  options.trusted_uids = *std::move(uids);
+  options.max_buffers = absl::GetFlag(FLAGS_max_buffers);
+  options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  if (options.threads < 0) return Fail(absl::InvalidArgumentError("threads must be >= 0"));
+  if (options.session_ttl <= absl::ZeroDuration()) {
+    return Fail(absl::InvalidArgumentError("session_ttl must be positive"));
+  }
+
+  // Block the shutdown signals in every thread (the server's threads inherit
+  // the mask) and take them synchronously below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<tokensel::server::Server>> server =
+      tokensel::server::Server::Start(options);
+  if (!server.ok()) return Fail(server.status());
+  for (const std::string& address : (*server)->listen_addresses()) {
+    std::printf("tokensel-server listening on %s (backend %s)\n", address.c_str(),
+                std::string((*server)->backend_name()).c_str());
+  }
+  if (!(*server)->metrics_address().empty()) {
+    std::printf("metrics on http://%s/metrics\n", (*server)->metrics_address().c_str());
+  }
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  while (sigwait(&signals, &signal_number) != 0) {
+  }
+  TS_LOG(INFO) << "received signal " << signal_number << ", shutting down";
+  (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+  server->reset();
+  TS_LOG(INFO) << "tokensel-server stopped";
+  return 0;
+}

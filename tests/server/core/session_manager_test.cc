@@ -1,0 +1,155 @@
+#include "server/core/session_manager.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/core/service_metrics.h"
+#include "tests/server/core/metric_reader.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::core {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::MatchesRegex;
+using ::testing::UnorderedElementsAre;
+using tokensel::testing::StatusIs;
+
+class SessionManagerTest : public ::testing::Test {
+ protected:
+  // Default TTL 10 s, max 60 s, at most 3 sessions; a clock the test moves.
+  SessionManager Make(uint32_t max_sessions = 3, ServiceMetrics* metrics = nullptr) {
+    return SessionManager(
+        absl::Seconds(10), absl::Seconds(60), max_sessions,
+        [this](const std::string& id) {
+          ended_.push_back(id);
+          if (on_end_probe_) on_end_probe_();
+        },
+        metrics, [this] { return now_; });
+  }
+  void Advance(absl::Duration d) { now_ += d; }
+
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+  std::vector<std::string> ended_;
+  std::function<void()> on_end_probe_;
+};
+
+TEST_F(SessionManagerTest, IdsAre128BitHexAndUnique) {
+  SessionManager sessions = Make(/*max_sessions=*/100);
+  std::set<std::string> ids;
+  for (int i = 0; i < 50; ++i) {
+    absl::StatusOr<SessionInfo> info = sessions.Open("worker", absl::ZeroDuration());
+    ASSERT_OK(info);
+    EXPECT_THAT(info->id, MatchesRegex("[0-9a-f]{32}"));
+    EXPECT_EQ(info->client_name, "worker");
+    ids.insert(info->id);
+  }
+  EXPECT_EQ(ids.size(), 50u);
+  EXPECT_EQ(sessions.count(), 50u);
+}
+
+TEST_F(SessionManagerTest, TtlDefaultsAndIsCapped) {
+  SessionManager sessions = Make();
+  EXPECT_EQ(sessions.Open("a", absl::ZeroDuration())->ttl, absl::Seconds(10));
+  EXPECT_EQ(sessions.Open("b", absl::Seconds(30))->ttl, absl::Seconds(30));
+  EXPECT_EQ(sessions.Open("c", absl::Hours(5))->ttl, absl::Seconds(60));
+}
+
+TEST_F(SessionManagerTest, TouchRenewsTheLease) {
+  SessionManager sessions = Make();
+  const std::string id = sessions.Open("a", absl::ZeroDuration())->id;
+  Advance(absl::Seconds(6));
+  absl::StatusOr<absl::Duration> ttl = sessions.Touch(id);
+  ASSERT_OK(ttl);
+  EXPECT_EQ(*ttl, absl::Seconds(10));
+  Advance(absl::Seconds(6));  // 12 s after Open: alive only because of the renewal
+  EXPECT_OK(sessions.Touch(id));
+  EXPECT_TRUE(ended_.empty());
+  Advance(absl::Seconds(10));  // exactly one TTL since the last touch: expired
+  EXPECT_THAT(sessions.Touch(id), StatusIs(absl::StatusCode::kNotFound, "expired"));
+  EXPECT_THAT(ended_, ElementsAre(id));
+  EXPECT_EQ(sessions.count(), 0u);
+  EXPECT_THAT(sessions.Touch(id), StatusIs(absl::StatusCode::kNotFound, "unknown"));
+  EXPECT_EQ(ended_.size(), 1u);  // ended once
+}
+
+TEST_F(SessionManagerTest, ReapExpiredEndsOnlyExpiredSessions) {
+  SessionManager sessions = Make();
+  const std::string short_id = sessions.Open("a", absl::Seconds(5))->id;
+  const std::string long_id = sessions.Open("b", absl::Seconds(20))->id;
+  EXPECT_EQ(sessions.ReapExpired(), 0);
+  Advance(absl::Seconds(10));
+  EXPECT_EQ(sessions.ReapExpired(), 1);
+  EXPECT_THAT(ended_, ElementsAre(short_id));
+  EXPECT_OK(sessions.Touch(long_id));
+  Advance(absl::Seconds(25));
+  EXPECT_EQ(sessions.ReapExpired(), 1);
+  EXPECT_THAT(ended_, ElementsAre(short_id, long_id));
+  EXPECT_EQ(sessions.count(), 0u);
+}
+
+TEST_F(SessionManagerTest, CloseEndsOnceAndUnknownIsNotFound) {
+  SessionManager sessions = Make();
+  const std::string id = sessions.Open("a", absl::ZeroDuration())->id;
+  EXPECT_THAT(sessions.Close("0123456789abcdef0123456789abcdef"),
+              StatusIs(absl::StatusCode::kNotFound, "session"));
+  EXPECT_OK(sessions.Close(id));
+  EXPECT_THAT(ended_, ElementsAre(id));
+  EXPECT_THAT(sessions.Close(id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(sessions.Touch(id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(ended_.size(), 1u);
+}
+
+TEST_F(SessionManagerTest, MaxSessionsCountsOnlyLiveLeases) {
+  SessionManager sessions = Make(/*max_sessions=*/2);
+  const std::string a = sessions.Open("a", absl::Seconds(5))->id;
+  ASSERT_OK(sessions.Open("b", absl::Seconds(50)));
+  EXPECT_THAT(sessions.Open("c", absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit is 2"));
+  Advance(absl::Seconds(6));  // a has expired: Open makes room from it
+  EXPECT_OK(sessions.Open("c", absl::ZeroDuration()));
+  EXPECT_THAT(ended_, ElementsAre(a));
+  EXPECT_EQ(sessions.count(), 2u);
+}
+
+TEST_F(SessionManagerTest, CloseAllEndsEverySession) {
+  SessionManager sessions = Make();
+  const std::string a = sessions.Open("a", absl::ZeroDuration())->id;
+  const std::string b = sessions.Open("b", absl::ZeroDuration())->id;
+  sessions.CloseAll();
+  EXPECT_THAT(ended_, UnorderedElementsAre(a, b));
+  EXPECT_EQ(sessions.count(), 0u);
+}
+
+TEST_F(SessionManagerTest, OnEndRunsOutsideTheLock) {
+  SessionManager sessions = Make();
+  // on_end calling back into the manager would deadlock under its lock.
+  size_t count_seen = 99;
+  on_end_probe_ = [&] { count_seen = sessions.count(); };
+  const std::string id = sessions.Open("a", absl::ZeroDuration())->id;
+  ASSERT_OK(sessions.Open("b", absl::ZeroDuration()));
+  EXPECT_OK(sessions.Close(id));
+  EXPECT_EQ(count_seen, 1u);
+  Advance(absl::Seconds(11));
+  EXPECT_EQ(sessions.ReapExpired(), 1);
+  EXPECT_EQ(count_seen, 0u);
+}
+
+TEST_F(SessionManagerTest, SessionsGauge) {
+  ServiceMetrics metrics("test", "cpu");
+  SessionManager sessions = Make(3, &metrics);
+  const std::string a = sessions.Open("a", absl::ZeroDuration())->id;
+  ASSERT_OK(sessions.Open("b", absl::ZeroDuration()));
+  EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_sessions"), 2);
+  ASSERT_OK(sessions.Close(a));
+  EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_sessions"), 1);
+  Advance(absl::Minutes(1));
+  sessions.ReapExpired();
+  EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_sessions"), 0);
+}
+
+}  // namespace
+}  // namespace tokensel::core

@@ -1,0 +1,203 @@
+// CudaIpcMapper with a real device: an allocation exported by another
+// process (this binary re-executed as an exporter) is mapped, read, bounds-
+// checked and closed. Skips without a CUDA device. Built only with CUDA.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "server/memory/cuda_ipc_mapper.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::memory {
+namespace {
+
+using ::absl::StatusCode;
+using ::tokensel::testing::StatusIs;
+
+constexpr char kExporterEnv[] = "TOKENSEL_CUDA_IPC_EXPORTER";
+constexpr int kReplyFd = 3;   // exporter -> test: "<hex handle> <uuid>\n"
+constexpr int kHoldFd = 4;    // test -> exporter: EOF means "free and exit"
+constexpr size_t kAllocBytes = size_t{1} << 20;
+constexpr size_t kMarkerOffset = 4096;
+
+bool HaveDevice() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+std::string Uuid(const cudaUUID_t& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return buf;
+}
+
+// The exporter side; a no-op unless this process was started by Exporter.
+TEST(CudaIpcExporter, Export) {
+  if (std::getenv(kExporterEnv) == nullptr) {
+    GTEST_SKIP() << "helper of CudaIpcDeviceTest; runs only in its child process";
+  }
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, kAllocBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(p, 0x5A, kAllocBytes), cudaSuccess);
+  std::vector<unsigned char> marker(256);
+  for (size_t i = 0; i < marker.size(); ++i) marker[i] = static_cast<unsigned char>(i);
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(p) + kMarkerOffset, marker.data(), marker.size(),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  cudaIpcMemHandle_t handle;
+  ASSERT_EQ(cudaIpcGetMemHandle(&handle, p), cudaSuccess);
+  int device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, device), cudaSuccess);
+  const std::string line =
+      absl::StrCat(absl::BytesToHexString(absl::string_view(handle.reserved, sizeof(handle))),
+                   " ", Uuid(prop.uuid), "\n");
+  ASSERT_EQ(write(kReplyFd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  close(kReplyFd);
+  char c;
+  while (read(kHoldFd, &c, 1) > 0) {
+  }
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+// Starts this binary as an exporter and reads its handle and device UUID.
+class Exporter {
+ public:
+  bool Start() {
+    int reply[2], hold[2];
+    // O_CLOEXEC: after exec the child keeps only kReplyFd and kHoldFd.
+    if (pipe2(reply, O_CLOEXEC) != 0 || pipe2(hold, O_CLOEXEC) != 0) return false;
+    pid_ = fork();
+    if (pid_ == 0) {
+      // Move both ends above the targets first so neither dup2 clobbers the other.
+      const int reply_w = fcntl(reply[1], F_DUPFD_CLOEXEC, 10);
+      const int hold_r = fcntl(hold[0], F_DUPFD_CLOEXEC, 10);
+      dup2(reply_w, kReplyFd);
+      dup2(hold_r, kHoldFd);
+      setenv(kExporterEnv, "1", 1);
+      char filter[] = "--gtest_filter=CudaIpcExporter.Export";
+      char self[] = "/proc/self/exe";
+      char* argv[] = {self, filter, nullptr};
+      execv(self, argv);
+      _exit(127);
+    }
+    close(reply[1]);
+    close(hold[0]);
+    hold_ = hold[1];
+    std::string text;
+    char buf[256];
+    ssize_t n;
+    while ((n = read(reply[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+    close(reply[0]);
+    std::vector<std::string> parts = absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), ' ');
+    if (parts.size() != 2) return false;
+    handle_ = absl::HexStringToBytes(parts[0]);
+    uuid_ = parts[1];
+    return handle_.size() == kCudaIpcHandleBytes;
+  }
+  // Lets the exporter free its allocation; returns its exit status.
+  int Stop() {
+    if (hold_ >= 0) close(hold_);
+    hold_ = -1;
+    int status = 0;
+    if (pid_ > 0) waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~Exporter() { Stop(); }
+
+  const std::string& handle() const { return handle_; }
+  const std::string& uuid() const { return uuid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int hold_ = -1;
+  std::string handle_;
+  std::string uuid_;
+};
+
+std::vector<unsigned char> CopyOut(const core::MappedRegion& region, size_t n) {
+  std::vector<unsigned char> host(n);
+  EXPECT_EQ(cudaMemcpy(host.data(), region.data(), n, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+TEST(CudaIpcDeviceTest, MapsAnAllocationOfAnotherProcess) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device visible; CUDA IPC needs one";
+  Exporter exporter;
+  ASSERT_TRUE(exporter.Start());
+  CudaIpcMapper mapper;
+  const std::string& h = exporter.handle();
+  const std::string& uuid = exporter.uuid();
+
+  auto marker = mapper.Map(core::CudaIpcSpec{h, uuid, kMarkerOffset, 256});
+  ASSERT_OK(marker);
+  auto whole = mapper.Map(core::CudaIpcSpec{h, uuid, 0, kAllocBytes});
+  ASSERT_OK(whole);
+  EXPECT_EQ(mapper.open_handle_count(), 1u);  // one open per distinct handle
+  EXPECT_EQ((*marker)->memory_kind(), core::MemoryKind::kCudaDevice);
+  EXPECT_EQ((*marker)->device_uuid(), uuid);
+  EXPECT_EQ((*marker)->size(), 256u);
+  EXPECT_EQ(static_cast<char*>((*marker)->data()) - static_cast<char*>((*whole)->data()),
+            static_cast<ptrdiff_t>(kMarkerOffset));
+
+  const auto bytes = CopyOut(**marker, 256);
+  for (size_t i = 0; i < bytes.size(); ++i) ASSERT_EQ(bytes[i], i) << "byte " << i;
+  EXPECT_EQ(CopyOut(**whole, 16), std::vector<unsigned char>(16, 0x5A));
+
+  // Bounds: past the allocation (allocations are rounded up to at most 2 MiB).
+  EXPECT_THAT(mapper.Map(core::CudaIpcSpec{h, uuid, 8 * kAllocBytes, 16}),
+              StatusIs(StatusCode::kOutOfRange, "cuda_ipc.offset"));
+  EXPECT_THAT(mapper.Map(core::CudaIpcSpec{h, "GPU-00000000-0000-0000-0000-000000000000", 0, 16}),
+              StatusIs(StatusCode::kFailedPrecondition, "cuda_ipc.device_uuid"));
+  EXPECT_EQ(mapper.open_handle_count(), 1u);
+
+  marker->reset();
+  EXPECT_EQ(mapper.open_handle_count(), 1u);
+  whole->reset();
+  EXPECT_EQ(mapper.open_handle_count(), 0u);  // closed with the last region
+
+  auto again = mapper.Map(core::CudaIpcSpec{h, uuid, kMarkerOffset, 1});
+  ASSERT_OK(again);
+  EXPECT_EQ(CopyOut(**again, 1)[0], 0);
+  again->reset();
+  EXPECT_EQ(exporter.Stop(), 0);
+}
+
+TEST(CudaIpcDeviceTest, GarbageHandleIsRejected) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device visible; CUDA IPC needs one";
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  CudaIpcMapper mapper;
+  const std::string garbage(kCudaIpcHandleBytes, '\x11');
+  auto result = mapper.Map(core::CudaIpcSpec{garbage, Uuid(prop.uuid), 0, 16});
+  EXPECT_FALSE(result.ok());
+  EXPECT_TRUE(result.status().code() == StatusCode::kInvalidArgument ||
+              result.status().code() == StatusCode::kInternal)
+      << result.status();
+  EXPECT_EQ(mapper.open_handle_count(), 0u);
+}
+
+}  // namespace
+}  // namespace tokensel::memory

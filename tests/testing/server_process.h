@@ -1,0 +1,125 @@
+// ServerProcess: runs `tokensel-server` as a real child process for
+// integration tests and benchmarks.
+//
+//   ASSIGN_OR_RETURN(auto server, ServerProcess::Start({.extra_args = {"--max_buffers=2"}}));
+//   auto channel = server->UnixChannel();      // or TcpChannel()
+//   ... RPCs ...
+//   server->Signal(SIGTERM);
+//   absl::StatusOr<int> code = server->WaitForExit(absl::Seconds(10));  // exit code
+//
+// Start() creates a private temp directory holding the unix socket, runs the
+// server with
+//   --listen=unix://<dir>/tokensel.sock --listen=127.0.0.1:0
+//   --metrics_address=127.0.0.1:0 --shm_prefix=<prefix> (+ extra_args)
+// reads its stdout/stderr (merged into one pipe, drained by a reader thread
+// for the process' whole life) for the lines announcing the resolved TCP and
+// metrics ports, and waits until grpc.health.v1.Health/Check says SERVING.
+// Every failure comes back as a Status carrying the server's output so far.
+//
+// The child gets PR_SET_PDEATHSIG=SIGKILL: it dies with the thread that
+// started it, so call Start() from a thread that outlives the server (the
+// test's main thread). The destructor SIGKILLs a still-running child, reaps
+// it and removes the temp directory.
+//
+// The binary is TOKENSEL_SERVER_BINARY (a compile definition set by CMake to
+// $<TARGET_FILE:tokensel-server>). Set TOKENSEL_TEST_SERVER_LOG=1 to echo the
+// server's output to this process' stderr as it arrives.
+//
+// Thread-safety: Signal, Output and the channel factories may be called from
+// any thread; Start/WaitForExit/destruction from one thread.
+#ifndef TOKENSEL_TESTS_TESTING_SERVER_PROCESS_H_
+#define TOKENSEL_TESTS_TESTING_SERVER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+
+namespace tokensel::testing {
+
+struct ServerOptions {
+  // Appended after the standard flags (later flags win for scalar flags).
+  std::vector<std::string> extra_args;
+  // Also listen on 127.0.0.1:<ephemeral> (insecure, loopback only).
+  bool tcp = true;
+  // Export metrics on 127.0.0.1:<ephemeral>.
+  bool metrics = true;
+  // Names passed to --shm_prefix; empty = DefaultShmPrefix().
+  std::string shm_prefix;
+  absl::Duration startup_timeout = absl::Seconds(30);
+};
+
+class ServerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(ServerOptions options = {});
+  ~ServerProcess();
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // "unix:///tmp/tokensel-it-XXXXXX/tokensel.sock".
+  const std::string& unix_target() const { return unix_target_; }
+  // "127.0.0.1:<port>"; empty without options.tcp.
+  const std::string& tcp_target() const { return tcp_target_; }
+  // 0 without options.metrics.
+  int metrics_port() const { return metrics_port_; }
+  const std::string& shm_prefix() const { return shm_prefix_; }
+
+  // A fresh channel (its own connection) to the unix socket / the TCP port.
+  // `max_message_bytes` raises the client's receive/send limits.
+  std::shared_ptr<grpc::Channel> UnixChannel(int max_message_bytes = 64 << 20) const;
+  std::shared_ptr<grpc::Channel> TcpChannel(int max_message_bytes = 64 << 20) const;
+
+  // grpc.health.v1.Health/Check(service="") on the unix socket until SERVING.
+  absl::Status WaitForServing(absl::Duration timeout) const;
+
+  absl::Status Signal(int signo) const;
+  // Waits for the child to exit. Returns its exit code, or INTERNAL naming
+  // the signal that killed it; DEADLINE_EXCEEDED if still running.
+  absl::StatusOr<int> WaitForExit(absl::Duration timeout);
+  bool exited() const { return exit_status_.has_value(); }
+
+  // Everything the server printed so far (stdout and stderr merged).
+  std::string Output() const;
+
+ private:
+  ServerProcess() = default;
+  absl::Status Launch(const std::vector<std::string>& argv);
+  void ReadLoop(int fd);
+  absl::Status WithOutput(absl::Status status) const;
+
+  pid_t pid_ = -1;
+  std::string temp_dir_;
+  std::string unix_target_;
+  std::string tcp_target_;
+  int metrics_port_ = 0;
+  std::string shm_prefix_;
+  std::optional<int> exit_status_;  // raw wait status once reaped
+  std::thread reader_;
+  bool echo_ = false;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  std::string partial_ ABSL_GUARDED_BY(mu_);
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// "/tokensel-it-<pid>-": unique per test process, so parallel tests never
+// collide.
+std::string DefaultShmPrefix();
+
+// The value of `key` in a "key=value key2=value2" announcement line.
+std::optional<std::string> FindField(absl::string_view line, absl::string_view key);
+
+}  // namespace tokensel::testing
+
+#endif  // TOKENSEL_TESTS_TESTING_SERVER_PROCESS_H_
