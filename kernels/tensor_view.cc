@@ -1,6 +1,7 @@
 #include "kernels/tensor_view.h"
 
 #include <cassert>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,11 +14,15 @@ TensorView TensorView::Contiguous(void* data, DType dtype, absl::Span<const int6
   v.data = data;
   v.dtype = dtype;
   v.rank = static_cast<int>(shape.size());
+  // Saturating: a stride can only overflow when another dim is 0 (callers
+  // check the byte size first), and an empty tensor's strides are unused.
   int64_t stride = 1;
   for (int d = v.rank - 1; d >= 0; --d) {
     v.shape[d] = shape[d];
     v.strides[d] = stride;
-    stride *= shape[d] > 0 ? shape[d] : 1;
+    if (__builtin_mul_overflow(stride, shape[d] > 0 ? shape[d] : 1, &stride)) {
+      stride = std::numeric_limits<int64_t>::max();
+    }
   }
   return v;
 }

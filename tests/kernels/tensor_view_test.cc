@@ -45,6 +45,17 @@ TEST(TensorViewTest, ContiguousStridesAndRowOffsets) {
   EXPECT_EQ(v.ShapeString(), "[2,3,4]");
 }
 
+// Found by the op fuzzer: an empty inline output whose other dims multiply
+// past int64 used to overflow (UB) while computing strides.
+TEST(TensorViewTest, ContiguousEmptyViewWithHugeDimsDoesNotOverflow) {
+  TensorView v = TensorView::Contiguous(nullptr, DType::kInt32, {0, int64_t{1} << 40, 1 << 30});
+  EXPECT_EQ(v.NumElements(), 0);
+  EXPECT_EQ(v.strides[2], 1);
+  EXPECT_EQ(v.strides[1], 1 << 30);
+  EXPECT_EQ(v.strides[0], std::numeric_limits<int64_t>::max());  // saturated, never used
+  EXPECT_OK(CheckView(v, "out"));
+}
+
 TEST(TensorViewTest, StridedOffsetsMatchNaiveUnravel) {
   const std::vector<int64_t> shape = {3, 5, 2};
   const std::vector<int64_t> strides = {40, 7, 3};
