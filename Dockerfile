@@ -61,7 +61,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=13.0"
 USER 10001:10001
-# 50051: gRPC over TCP (health probes, remote clients); 9464: /metrics.
+# 50051: gRPC over TCP (kubelet gRPC probes); 9464: /metrics.
 EXPOSE 50051 9464
 ENTRYPOINT ["/usr/local/bin/tokensel-server"]
-CMD ["--listen=unix:///run/tokensel/tokensel.sock", "--listen=0.0.0.0:50051", "--metrics_address=0.0.0.0:9464"]
+# --insecure_tcp: 50051 is plaintext without a token because kubelet gRPC
+# probes can send neither; restrict it with a NetworkPolicy (docs/deploy.md).
+# For remote clients pass --tls_cert, --tls_key and --auth_token_file instead.
+CMD ["--listen=unix:///run/tokensel/tokensel.sock", "--listen=0.0.0.0:50051", "--insecure_tcp=true", "--metrics_address=0.0.0.0:9464"]

@@ -23,8 +23,8 @@
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:///tmp/tokensel.sock"},
           "Address to serve gRPC on; repeat the flag (or separate with commas) for several. "
           "unix:///absolute/path for co-located workers (socket mode 0660; a stale socket is "
-          "replaced), host:port for TCP (plaintext, no authentication: trusted networks only; "
-          "port 0 picks a free port, printed at startup).");
+          "replaced), host:port for TCP (needs --tls_cert, --tls_key and --auth_token_file, or "
+          "--insecure_tcp; port 0 picks a free port, printed at startup).");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port of the Prometheus /metrics endpoint; empty disables it.");
 ABSL_FLAG(std::string, backend, "auto",
@@ -48,6 +48,21 @@ ABSL_FLAG(uint32_t, max_inflight, 256,
           "Most requests in flight at once; beyond it requests fail fast with "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Most concurrent sessions (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(std::string, unix_socket_group, "",
+          "Group (name or gid) given to the unix socket files, whose mode is 0660: its members "
+          "may connect. Empty = the server's group.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) for TLS on TCP listeners; needs --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token TCP clients must send as 'authorization: Bearer "
+          "<token>' (surrounding whitespace trimmed, >= 16 printable characters); needs TLS. "
+          "Missing or malformed -> UNAUTHENTICATED, wrong -> PERMISSION_DENIED. Unix socket "
+          "callers need no token (the socket's mode and group admit them).");
+ABSL_FLAG(bool, insecure_tcp, false,
+          "Allow TCP listeners without TLS and/or without a bearer token (logs a WARNING). "
+          "Without it a TCP listener lacking --tls_cert/--tls_key/--auth_token_file refuses "
+          "to start.");
 ABSL_FLAG(std::string, log_level, "info", "Least severe log level shown: debug|info|warning|error.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGTERM/SIGINT: how long in-flight requests may take before they are cancelled.");
@@ -126,6 +141,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::vector<uid_t>> uids = ParseUids(absl::GetFlag(FLAGS_trusted_uids));
   if (!uids.ok()) return Fail(uids.status());
   options.trusted_uids = *std::move(uids);
+  options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
   options.max_buffers = absl::GetFlag(FLAGS_max_buffers);
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);

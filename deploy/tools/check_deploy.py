@@ -9,6 +9,7 @@ scripts/validate-deploy.sh, from the .venv-tools python: needs only PyYAML).
 flags:   every flag a tokensel container (or the Dockerfile CMD) passes exists in
          `tokensel-server --help`; every containerPort / EXPOSE is a port the
          server is told to listen on and every TCP address has a declared port;
+         TCP listeners have TLS + token flags or --insecure_tcp=true;
          gRPC probes hit a gRPC TCP listener; unix sockets are on a mounted
          volume and clients' unix:// addresses name the server's socket.
 metrics: every tokensel_* metric (and label) the alert rules and the dashboard
@@ -119,6 +120,13 @@ def check_server_args(where, args, known):
                 problem(f"{where}: --metrics_address={value} has no numeric port")
     if not any(n == "listen" for n, _ in parsed):
         unix_paths.add("/tmp/tokensel.sock")  # the server's default
+    # The server refuses a TCP listener without TLS + token unless --insecure_tcp.
+    given = {n: v for n, v in parsed}
+    secure = all(given.get(f) for f in ("tls_cert", "tls_key", "auth_token_file"))
+    insecure = "insecure_tcp" in given and given["insecure_tcp"] in (None, "true", "1")
+    if grpc_ports and not secure and not insecure:
+        problem(f"{where}: TCP --listen without --tls_cert, --tls_key and --auth_token_file "
+                f"needs --insecure_tcp=true (tokensel-server refuses to start otherwise)")
     return grpc_ports, metrics_port, unix_paths
 
 

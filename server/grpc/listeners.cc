@@ -1,12 +1,14 @@
 #include "server/grpc/listeners.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -72,6 +74,30 @@ absl::Status RemoveStaleSocket(const std::string& path) {
         absl::StrCat("listen: cannot remove stale socket ", path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<gid_t> ResolveGroup(absl::string_view group) {
+  if (group.empty()) return absl::InvalidArgumentError("unix_socket_group: empty group");
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(group, &gid)) return static_cast<gid_t>(gid);
+  const std::string name(group);
+  std::vector<char> buf(16384);
+  struct group entry;
+  struct group* found = nullptr;
+  int rc;
+  while ((rc = ::getgrnam_r(name.c_str(), &entry, buf.data(), buf.size(), &found)) == ERANGE &&
+         buf.size() < (size_t{1} << 20)) {
+    buf.resize(buf.size() * 2);
+  }
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix_socket_group: looking up group '", name, "': ", std::strerror(rc)));
+  }
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix_socket_group: no group named '", name, "'"));
+  }
+  return found->gr_gid;
 }
 
 std::string WithPort(absl::string_view address, int port) {

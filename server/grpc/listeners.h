@@ -3,6 +3,8 @@
 #ifndef TOKENSEL_SERVER_GRPC_LISTENERS_H_
 #define TOKENSEL_SERVER_GRPC_LISTENERS_H_
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 
@@ -28,6 +30,11 @@ absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view address);
 // FAILED_PRECONDITION if a live server accepts on it or the path is not a
 // socket.
 absl::Status RemoveStaleSocket(const std::string& path);
+
+// The gid of `group`, a group name or a numeric gid (--unix_socket_group).
+// INVALID_ARGUMENT for an empty value or a name the group database does not
+// know; a numeric gid is taken as is.
+absl::StatusOr<gid_t> ResolveGroup(absl::string_view group);
 
 // `address` with its port replaced by `port` ("0.0.0.0:0" -> "0.0.0.0:40123").
 std::string WithPort(absl::string_view address, int port);

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@
 #include "server/backends/make_backend.h"
 #include "server/grpc/listeners.h"
 #include "server/grpc/service.h"
+#include "server/grpc/tcp_security.h"
 #include "server/grpc/work_queue.h"
 #include "server/memory/cuda_ipc_mapper.h"
 #include "server/memory/host_shm_mapper.h"
@@ -126,35 +128,59 @@ absl::Status Server::StartGrpc() {
   builder.SetMaxReceiveMessageSize(ClampToInt(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(ClampToInt(options_.max_message_bytes));
   std::vector<ListenAddress> addresses;
-  std::vector<std::unique_ptr<int>> ports;  // stable addresses for the builder
+  std::vector<std::string> tcp_listeners;
   for (const std::string& raw : options_.listen) {
     ASSIGN_OR_RETURN(ListenAddress address, ParseListenAddress(raw));
-    if (address.unix_path.has_value()) {
-      RETURN_IF_ERROR(RemoveStaleSocket(*address.unix_path));
-    } else {
-      TS_LOG(WARNING) << "listener " << raw
-                      << " is plaintext TCP without authentication (insecure); expose it only on "
-                         "trusted networks";
-    }
-    ports.push_back(std::make_unique<int>(0));
-    builder.AddListeningPort(address.address, grpc::InsecureServerCredentials(),
-                             ports.back().get());
+    if (!address.unix_path.has_value()) tcp_listeners.push_back(address.address);
     addresses.push_back(std::move(address));
   }
+  // Every option is checked before anything is bound or removed.
+  std::optional<gid_t> socket_gid;
+  if (!options_.unix_socket_group.empty()) {
+    ASSIGN_OR_RETURN(socket_gid, ResolveGroup(options_.unix_socket_group));
+  }
+  TcpSecurityOptions tcp_options;
+  tcp_options.tls_cert_file = options_.tls_cert_file;
+  tcp_options.tls_key_file = options_.tls_key_file;
+  tcp_options.auth_token_file = options_.auth_token_file;
+  tcp_options.insecure_tcp = options_.insecure_tcp;
+  ASSIGN_OR_RETURN(TcpSecurity tcp_security, TcpSecurity::Load(tcp_options, tcp_listeners));
+
+  std::vector<std::unique_ptr<int>> ports;  // stable addresses for the builder
+  for (const ListenAddress& address : addresses) {
+    if (address.unix_path.has_value()) RETURN_IF_ERROR(RemoveStaleSocket(*address.unix_path));
+    ports.push_back(std::make_unique<int>(0));
+    builder.AddListeningPort(address.address,
+                             address.unix_path.has_value() ? grpc::InsecureServerCredentials()
+                                                           : tcp_security.credentials(),
+                             ports.back().get());
+  }
   builder.RegisterService(service_.get());
+  const absl::string_view tls_hint =
+      tcp_security.tls() ? " (or the TLS setup failed: are --tls_cert and --tls_key a matching "
+                           "PEM certificate and private key?)"
+                         : "";
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "listen: could not start the gRPC server on ", absl::StrJoin(options_.listen, ", ")));
+    return absl::FailedPreconditionError(absl::StrCat("listen: could not start the gRPC server on ",
+                                                      absl::StrJoin(options_.listen, ", "),
+                                                      tls_hint));
   }
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (*ports[i] == 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("listen ", addresses[i].address, ": could not bind"));
+          absl::StrCat("listen ", addresses[i].address, ": could not bind",
+                       addresses[i].unix_path.has_value() ? "" : tls_hint));
     }
     if (addresses[i].unix_path.has_value()) {
       const std::string& path = *addresses[i].unix_path;
       socket_paths_.push_back(path);
+      if (socket_gid.has_value() &&
+          ::chown(path.c_str(), static_cast<uid_t>(-1), *socket_gid) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat("listen: chown ", path, " to group ",
+                                                          options_.unix_socket_group,
+                                                          " failed: ", std::strerror(errno)));
+      }
       if (::chmod(path.c_str(), 0660) != 0) {
         return absl::FailedPreconditionError(
             absl::StrCat("listen: chmod 0660 ", path, " failed: ", std::strerror(errno)));

@@ -14,10 +14,13 @@
 //
 // Listeners: "unix:///abs/path" (or "unix:rel/path") and "host:port". A stale
 // socket file (nobody accepting on it) is removed first; a live one, or a
-// non-socket file at that path, fails Start. Socket files are chmod 0660
-// after bind and removed by Shutdown. TCP listeners are insecure
-// (plaintext, no token); Start logs a warning. Port 0 picks a free port;
-// listen_addresses() reports the resolved one.
+// non-socket file at that path, fails Start. Socket files are chown'ed to
+// `unix_socket_group` (if set) and chmod 0660 after bind, and removed by
+// Shutdown; the socket's permissions are the unix callers' authentication.
+// TCP listeners use the credentials of TcpSecurity (tcp_security.h): TLS and
+// a bearer token, or, only with `insecure_tcp`, less (a WARNING is logged);
+// a TCP listener without TLS and token fails Start unless `insecure_tcp`.
+// Port 0 picks a free port; listen_addresses() reports the resolved one.
 //
 // Shutdown: health NOT_SERVING, Admission::Drain (in-flight requests finish,
 // new ones get UNAVAILABLE), grpc::Server::Shutdown with the rest of the grace
@@ -70,6 +73,11 @@ struct ServerOptions {
   absl::Duration max_session_ttl = absl::Hours(1);  // raised to session_ttl if lower
   std::string shm_prefix = "/tokensel";
   std::vector<uid_t> trusted_uids;  // empty = the server's effective uid
+  std::string unix_socket_group;    // name or gid; empty = the server's gid
+  std::string tls_cert_file;        // PEM; TLS on TCP listeners with tls_key_file
+  std::string tls_key_file;
+  std::string auth_token_file;  // bearer token required on TCP listeners
+  bool insecure_tcp = false;    // allow TCP without TLS and/or token
   uint32_t max_buffers = 1024;      // per session
   uint32_t max_inflight = 256;
   uint32_t max_sessions = 1024;
@@ -79,8 +87,10 @@ struct ServerOptions {
 class Server {
  public:
   // INVALID_ARGUMENT for bad options (shm prefix, listen address, backend
-  // name), FAILED_PRECONDITION when a listener or the exposer cannot bind or
-  // a live server owns the socket, and the backend's errors.
+  // name, socket group, the TCP security files and policy),
+  // FAILED_PRECONDITION when a listener or the exposer cannot bind, a live
+  // server owns the socket or the socket cannot be given its group/mode, and
+  // the backend's errors.
   static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
   ~Server();
   Server(const Server&) = delete;

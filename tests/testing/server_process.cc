@@ -84,10 +84,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   std::vector<std::string> argv = {TOKENSEL_SERVER_BINARY,
                                    absl::StrCat("--listen=", server->unix_target_)};
   if (options.tcp) argv.push_back("--listen=127.0.0.1:0");
+  if (options.tcp && options.insecure_tcp) argv.push_back("--insecure_tcp");
   argv.push_back(absl::StrCat("--metrics_address=", options.metrics ? "127.0.0.1:0" : ""));
   argv.push_back(absl::StrCat("--shm_prefix=", server->shm_prefix_));
   for (auto& arg : options.extra_args) argv.push_back(arg);
   if (absl::Status s = server->Launch(argv); !s.ok()) return s;
+  if (!options.wait_for_startup) return server;
 
   const absl::Time deadline = absl::Now() + options.startup_timeout;
   // The server announces its resolved endpoints on stdout: the first line
@@ -260,6 +262,24 @@ std::string ServerProcess::Output() const {
   std::string out = absl::StrJoin(lines_, "\n");
   if (!partial_.empty()) absl::StrAppend(&out, "\n", partial_);
   return out;
+}
+
+bool ServerProcess::WaitForOutput(absl::string_view text, absl::Duration timeout) const {
+  struct Waiter {
+    const ServerProcess* server;
+    std::string text;
+    bool Found() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (server->partial_.find(text) != std::string::npos) return true;
+      for (const std::string& line : server->lines_) {
+        if (line.find(text) != std::string::npos) return true;
+      }
+      return false;
+    }
+    bool Ready() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return server->eof_ || Found(); }
+  } waiter{this, std::string(text)};
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&waiter, &Waiter::Ready), timeout);
+  return waiter.Found();
 }
 
 absl::Status ServerProcess::WithOutput(absl::Status status) const {

@@ -9,8 +9,10 @@
 //
 // Start() creates a private temp directory holding the unix socket, runs the
 // server with
-//   --listen=unix://<dir>/tokensel.sock --listen=127.0.0.1:0
+//   --listen=unix://<dir>/tokensel.sock --listen=127.0.0.1:0 --insecure_tcp
 //   --metrics_address=127.0.0.1:0 --shm_prefix=<prefix> (+ extra_args)
+// (--insecure_tcp only with options.tcp and options.insecure_tcp: tests of
+// TLS and tokens turn it off and pass --tls_cert etc. in extra_args)
 // reads its stdout/stderr (merged into one pipe, drained by a reader thread
 // for the process' whole life) for the lines announcing the resolved TCP and
 // metrics ports, and waits until grpc.health.v1.Health/Check says SERVING.
@@ -49,8 +51,15 @@ namespace tokensel::testing {
 struct ServerOptions {
   // Appended after the standard flags (later flags win for scalar flags).
   std::vector<std::string> extra_args;
-  // Also listen on 127.0.0.1:<ephemeral> (insecure, loopback only).
+  // Also listen on 127.0.0.1:<ephemeral> (loopback only).
   bool tcp = true;
+  // With `tcp`: pass --insecure_tcp (plaintext TCP, no token), which every
+  // test that does not exercise TCP security relies on.
+  bool insecure_tcp = true;
+  // false: Start returns as soon as the process runs, without waiting for
+  // its ports or SERVING (tcp_target() and metrics_port() stay empty); for
+  // servers expected to refuse to start (see WaitForExit and Output).
+  bool wait_for_startup = true;
   // Export metrics on 127.0.0.1:<ephemeral>.
   bool metrics = true;
   // Names passed to --shm_prefix; empty = DefaultShmPrefix().
@@ -68,7 +77,7 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
   // "unix:///tmp/tokensel-it-XXXXXX/tokensel.sock".
   const std::string& unix_target() const { return unix_target_; }
-  // "127.0.0.1:<port>"; empty without options.tcp.
+  // "127.0.0.1:<port>"; empty without options.tcp (or wait_for_startup).
   const std::string& tcp_target() const { return tcp_target_; }
   // 0 without options.metrics.
   int metrics_port() const { return metrics_port_; }
@@ -90,6 +99,9 @@ class ServerProcess {
 
   // Everything the server printed so far (stdout and stderr merged).
   std::string Output() const;
+  // Waits until Output() contains `text` (true) or the deadline passes or
+  // the server's output ends without it (false).
+  bool WaitForOutput(absl::string_view text, absl::Duration timeout) const;
 
  private:
   ServerProcess() = default;

@@ -108,5 +108,18 @@ TEST_F(RemoveStaleSocketTest, RefusesARegularFile) {
   EXPECT_TRUE(Exists());
 }
 
+TEST(ResolveGroupTest, NamesAndNumericGids) {
+  absl::StatusOr<gid_t> root = ResolveGroup("root");
+  ASSERT_OK(root);
+  EXPECT_EQ(*root, 0u);
+  absl::StatusOr<gid_t> numeric = ResolveGroup("4242");  // need not exist
+  ASSERT_OK(numeric);
+  EXPECT_EQ(*numeric, 4242u);
+  EXPECT_THAT(ResolveGroup(""), StatusIs(absl::StatusCode::kInvalidArgument, "empty group"));
+  EXPECT_THAT(ResolveGroup("tokensel-no-such-group"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "no group named 'tokensel-no-such-group'"));
+}
+
 }  // namespace
 }  // namespace tokensel::server
