@@ -15,6 +15,7 @@ packages=(
   prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
+  python3-torch python3-numpy python3-venv python3-pip
 )
 
 missing=()

@@ -1,0 +1,263 @@
+#include "tokensel/client/client.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "tokensel/client/status.h"
+
+namespace tokensel::client {
+namespace {
+
+absl::Status CheckOptions(const ClientOptions& options) {
+  if (options.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("deadline must be > 0, got ", absl::FormatDuration(options.deadline)));
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes must be > 0, got ", options.max_message_bytes));
+  }
+  if (options.initial_reconnect_backoff <= absl::ZeroDuration() ||
+      options.max_reconnect_backoff < options.initial_reconnect_backoff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconnect backoff must satisfy 0 < initial <= max, got initial ",
+                     absl::FormatDuration(options.initial_reconnect_backoff), " max ",
+                     absl::FormatDuration(options.max_reconnect_backoff)));
+  }
+  return absl::OkStatus();
+}
+
+int ClampMs(absl::Duration d) {
+  const int64_t ms = absl::ToInt64Milliseconds(d);
+  return ms > (1 << 30) ? (1 << 30) : static_cast<int>(ms);
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return;
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+absl::StatusOr<Client> Client::Connect(absl::string_view target, ClientOptions options) {
+  if (target.empty()) return absl::InvalidArgumentError("target is empty");
+  absl::Status status = CheckOptions(options);
+  if (!status.ok()) return status;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ClampMs(options.initial_reconnect_backoff));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ClampMs(options.max_reconnect_backoff));
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(std::string(target), credentials, args);
+  return Client(std::move(channel), std::move(options));
+}
+
+Client Client::FromChannel(std::shared_ptr<grpc::Channel> channel, ClientOptions options) {
+  return Client(std::move(channel), std::move(options));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(v1::TokenSelect::NewStub(channel_)),
+      options_(std::move(options)) {}
+
+Client Client::WithSession(std::string session_id) const {
+  Client copy = *this;
+  copy.session_id_ = std::move(session_id);
+  return copy;
+}
+
+Client Client::WithDeadline(absl::Duration deadline) const {
+  Client copy = *this;
+  copy.options_.deadline = deadline;
+  return copy;
+}
+
+Client Client::WithWaitForReady(bool wait_for_ready) const {
+  Client copy = *this;
+  copy.options_.wait_for_ready = wait_for_ready;
+  return copy;
+}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  SetDeadline(context.get(), options_.deadline);
+  context->set_wait_for_ready(options_.wait_for_ready);
+  if (!session_id_.empty()) context->AddMetadata(kSessionMetadataKey, session_id_);
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+  }
+  return context;
+}
+
+template <typename Req, typename Resp>
+absl::StatusOr<Resp> Client::Unary(
+    grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+    const Req& request) const {
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  Resp response;
+  absl::Status status = FromGrpcStatus((stub_.get()->*method)(context.get(), request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() const {
+  return Unary(&v1::TokenSelect::Stub::GetServerInfo, v1::GetServerInfoRequest());
+}
+
+absl::Status Client::Ping() const {
+  return Unary(&v1::TokenSelect::Stub::Ping, v1::PingRequest()).status();
+}
+
+absl::StatusOr<v1::OpenSessionResponse> Client::OpenSession(
+    const v1::OpenSessionRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::OpenSession, request);
+}
+
+absl::StatusOr<v1::KeepAliveResponse> Client::KeepAlive() const {
+  return Unary(&v1::TokenSelect::Stub::KeepAlive, v1::KeepAliveRequest());
+}
+
+absl::Status Client::CloseSession() const {
+  return Unary(&v1::TokenSelect::Stub::CloseSession, v1::CloseSessionRequest()).status();
+}
+
+absl::StatusOr<v1::BufferInfo> Client::RegisterBuffer(
+    const v1::RegisterBufferRequest& request) const {
+  absl::StatusOr<v1::RegisterBufferResponse> response =
+      Unary(&v1::TokenSelect::Stub::RegisterBuffer, request);
+  if (!response.ok()) return response.status();
+  return response->buffer();
+}
+
+absl::Status Client::UnregisterBuffer(absl::string_view name) const {
+  v1::UnregisterBufferRequest request;
+  request.set_name(std::string(name));
+  return Unary(&v1::TokenSelect::Stub::UnregisterBuffer, request).status();
+}
+
+absl::StatusOr<v1::ListBuffersResponse> Client::ListBuffers() const {
+  return Unary(&v1::TokenSelect::Stub::ListBuffers, v1::ListBuffersRequest());
+}
+
+absl::StatusOr<v1::OpResponse> Client::SortTokens(const v1::SortTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::SortTokens, request);
+}
+absl::StatusOr<v1::OpResponse> Client::GatherTokens(const v1::GatherTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::GatherTokens, request);
+}
+absl::StatusOr<v1::OpResponse> Client::ScatterTokens(
+    const v1::ScatterTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::ScatterTokens, request);
+}
+absl::StatusOr<v1::OpResponse> Client::GatherBertMask(
+    const v1::GatherBertMaskRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::GatherBertMask, request);
+}
+absl::StatusOr<v1::OpResponse> Client::SliceGptMask(const v1::SliceGptMaskRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::SliceGptMask, request);
+}
+absl::StatusOr<v1::OpResponse> Client::SegmentSeqlens(
+    const v1::SegmentSeqlensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::SegmentSeqlens, request);
+}
+absl::StatusOr<v1::OpResponse> Client::SampleTokens(const v1::SampleTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::SampleTokens, request);
+}
+absl::StatusOr<v1::OpResponse> Client::TopKTokens(const v1::TopKTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::TopKTokens, request);
+}
+
+absl::StatusOr<v1::OpResponse> Client::RunOp(const v1::Op& op) const {
+  switch (op.op_case()) {
+    case v1::Op::kSortTokens:
+      return SortTokens(op.sort_tokens());
+    case v1::Op::kGatherTokens:
+      return GatherTokens(op.gather_tokens());
+    case v1::Op::kScatterTokens:
+      return ScatterTokens(op.scatter_tokens());
+    case v1::Op::kGatherBertMask:
+      return GatherBertMask(op.gather_bert_mask());
+    case v1::Op::kSliceGptMask:
+      return SliceGptMask(op.slice_gpt_mask());
+    case v1::Op::kSegmentSeqlens:
+      return SegmentSeqlens(op.segment_seqlens());
+    case v1::Op::kSampleTokens:
+      return SampleTokens(op.sample_tokens());
+    case v1::Op::kTopKTokens:
+      return TopKTokens(op.top_k_tokens());
+    case v1::Op::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("op: no operator set");
+}
+
+absl::StatusOr<v1::ExecuteResponse> Client::Execute(const v1::ExecuteRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::Execute, request);
+}
+
+// ------------------------------------------------------------------ stream --
+
+absl::StatusOr<std::unique_ptr<OpStream>> Client::OpenStream() const {
+  std::unique_ptr<OpStream> stream(new OpStream());
+  stream->context_ = std::make_unique<grpc::ClientContext>();
+  SetDeadline(stream->context_.get(), options_.stream_deadline);
+  stream->context_->set_wait_for_ready(options_.wait_for_ready);
+  if (!session_id_.empty()) stream->context_->AddMetadata(kSessionMetadataKey, session_id_);
+  if (!options_.auth_token.empty()) {
+    stream->context_->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+  }
+  stream->stream_ = stub_->Stream(stream->context_.get());
+  if (stream->stream_ == nullptr) return absl::InternalError("Stream: the stub returned no stream");
+  return stream;
+}
+
+OpStream::~OpStream() {
+  if (!finished_ && context_ != nullptr) {
+    context_->TryCancel();
+    FinishInternal().IgnoreError();
+  }
+}
+
+absl::StatusOr<v1::StreamResponse> OpStream::Call(const v1::StreamRequest& request) {
+  if (finished_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stream already finished: ", final_status_.ToString()));
+  }
+  v1::StreamResponse response;
+  if (!stream_->Write(request) || !stream_->Read(&response)) {
+    absl::Status status = FinishInternal();
+    return status.ok() ? absl::UnavailableError("stream closed by the server") : status;
+  }
+  return response;
+}
+
+absl::Status OpStream::Finish() {
+  if (finished_) return final_status_;
+  stream_->WritesDone();
+  return FinishInternal();
+}
+
+absl::Status OpStream::FinishInternal() {
+  finished_ = true;
+  final_status_ = FromGrpcStatus(stream_->Finish());
+  return final_status_;
+}
+
+}  // namespace tokensel::client

@@ -1,0 +1,210 @@
+"""tokensel.Client: a session with a tokensel server.
+
+    with tokensel.Client("unix:///tmp/tokensel.sock") as client:
+        with client.shared_buffer(1 << 20) as buf:
+            acts = buf.numpy(np.float32, (8, 512, 64))
+            ...
+            part = client.gather_tokens(acts, ids)        # numpy [8, R, 64]
+
+Opening the client opens a session ("tokensel-session" metadata on every
+call) and starts a daemon thread that renews its lease every lease/3;
+close() (or leaving the `with`) closes the buffers it created and the
+session. Every failure raises a tokensel.TokenselError subclass carrying the
+gRPC status code. Calls are thread-safe; create and close buffers from any
+thread, but not concurrently with close().
+"""
+import functools
+import threading
+
+import grpc
+
+from tokensel import cuda_ipc, errors, shm
+from tokensel.ops import OP_NAMES, OpBuilder
+from tokensel.v1 import tokensel_pb2 as pb
+from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
+
+SESSION_KEY = "tokensel-session"
+
+
+class Client:
+    """A session with one server. `target`: "unix:///path" or "host:port".
+    `timeout`: default deadline (seconds) of every call; `lease_ttl`:
+    requested session lease in seconds (None = the server default)."""
+
+    def __init__(self, target="unix:///tmp/tokensel.sock", *, client_name="tokensel-python",
+                 timeout=30.0, lease_ttl=None, max_message_bytes=64 << 20, keepalive=True):
+        self.target = target
+        self.timeout = timeout
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = pb_grpc.TokenSelectStub(self._channel)
+        self._lock = threading.Lock()
+        self._regions = {}  # buffer name -> (address, size, device, owner)
+        self._stop = threading.Event()
+        self._keepalive_thread = None
+        self.keepalive_error = None  # last KeepAlive failure, if any
+        self.session_id = None
+        self.ops = OpBuilder(self._find_region)
+        try:
+            self.server_info = self.call("GetServerInfo", pb.GetServerInfoRequest(), session=False)
+            opened = self.call("OpenSession", pb.OpenSessionRequest(
+                client_name=client_name, lease_ttl_ms=int((lease_ttl or 0) * 1000)), session=False)
+        except BaseException:
+            self._channel.close()
+            raise
+        self.session_id = opened.session_id
+        self.lease_ttl = opened.lease_ttl_ms / 1000.0
+        if keepalive:
+            self._keepalive_thread = threading.Thread(
+                target=self._keepalive_loop, name="tokensel-keepalive", daemon=True)
+            self._keepalive_thread.start()
+
+    # ------------------------------------------------------------ plumbing --
+
+    def call(self, method, request, *, session=True, timeout=None):
+        """Raw unary RPC `method` ("ListBuffers", ...) with the session
+        metadata (session=False: without); raises TokenselError. For requests
+        the typed methods do not cover."""
+        metadata = ((SESSION_KEY, self.session_id),) if session else None
+        if session and self.session_id is None:
+            raise errors.FailedPreconditionError("the client is closed")
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout if timeout is None else timeout, metadata=metadata)
+        except grpc.RpcError as err:
+            raise errors.from_rpc_error(err) from None
+
+    def _keepalive_loop(self):
+        interval = max(self.lease_ttl / 3.0, 0.05)
+        while not self._stop.wait(interval):
+            try:
+                self.call("KeepAlive", pb.KeepAliveRequest(), timeout=interval)
+                self.keepalive_error = None
+            except errors.NotFoundError as err:  # the session is gone for good
+                self.keepalive_error = err
+                return
+            except errors.TokenselError as err:  # transient: try again next tick
+                self.keepalive_error = err
+
+    def _find_region(self, address, extent, device):
+        with self._lock:
+            for name, (base, size, region_device, _) in self._regions.items():
+                if device == region_device and base <= address and address + extent <= base + size:
+                    return name, base
+        return None
+
+    # ------------------------------------------------------------- session --
+
+    def ping(self):
+        """The null RPC (no session)."""
+        self.call("Ping", pb.PingRequest(), session=False)
+
+    def keep_alive(self):
+        """Renews the lease now; returns the lease in seconds."""
+        return self.call("KeepAlive", pb.KeepAliveRequest()).lease_ttl_ms / 1000.0
+
+    def close(self):
+        """Closes the buffers this client created, then the session and the
+        channel. Idempotent. Raises the first error after cleaning up."""
+        if self.session_id is None:
+            return
+        self._stop.set()
+        if self._keepalive_thread is not None:
+            self._keepalive_thread.join()
+        first_error = None
+        for _, _, _, owner in list(self._regions.values()):
+            try:
+                owner.close()
+            except errors.TokenselError as err:
+                first_error = first_error or err
+        try:
+            self.call("CloseSession", pb.CloseSessionRequest())
+        except errors.TokenselError as err:
+            first_error = first_error or err
+        finally:
+            self.session_id = None
+            self._channel.close()
+        if first_error is not None:
+            raise first_error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------- buffers --
+
+    def shared_buffer(self, nbytes, *, name=None):
+        """Creates a POSIX shm object of `nbytes` under the server's
+        shm_prefix, maps it and registers it as `name` (default: the shm
+        name). Returns a SharedBuffer (a context manager)."""
+        region = shm.ShmRegion(shm.unique_shm_name(self.server_info.shm_prefix), int(nbytes))
+        name = name or region.shm_name.lstrip("/")
+        buf = shm.SharedBuffer(self, region, name)
+        try:
+            self._register(name, pb.RegisterBufferRequest(
+                name=name, host_shm=pb.HostShm(shm_name=region.shm_name, size=region.size)),
+                (region.address, region.size, "cpu", buf))
+        except BaseException:
+            region.close()
+            raise
+        return buf
+
+    def register_cuda(self, tensor, *, name=None):
+        """Registers the memory of a CUDA torch tensor by CUDA IPC (handle of
+        its allocation's base + offset). Raises CudaUnavailableError without
+        cuda-bindings, a device, or a server with the cuda_ipc kind. Returns a
+        CudaBuffer (a context manager); the tensor must outlive it."""
+        spec = cuda_ipc.export(tensor, self.server_info)
+        name = name or "cuda-%x" % spec.address
+        buf = cuda_ipc.CudaBuffer(self, name, spec)
+        self._register(name, pb.RegisterBufferRequest(name=name, cuda_ipc=pb.CudaIpc(
+            handle=spec.handle, device_uuid=spec.device_uuid, offset=spec.offset, size=spec.size)),
+            (spec.address, spec.size, spec.device, buf))
+        return buf
+
+    def _register(self, name, request, region):
+        self.call("RegisterBuffer", request)
+        with self._lock:
+            self._regions[name] = region
+
+    def _unregister(self, buf):
+        with self._lock:
+            registered = self._regions.pop(buf.name, None) is not None
+        if registered and self.session_id is not None:
+            self.call("UnregisterBuffer", pb.UnregisterBufferRequest(name=buf.name))
+
+    def list_buffers(self):
+        """This session's buffers as tokensel.v1.BufferInfo messages."""
+        return list(self.call("ListBuffers", pb.ListBuffersRequest()).buffers)
+
+    # ----------------------------------------------------------------- ops --
+
+    def run(self, prepared):
+        """Runs one PreparedOp (from `client.ops`) with its own RPC."""
+        return prepared.finish(self.call(prepared.rpc, prepared.request))
+
+    def execute(self, prepared_ops):
+        """Runs PreparedOps (from `client.ops`) in order in one round trip;
+        returns their results. The first failing op raises (its message
+        starts with "ops[i] (Name): ") and the later ones do not run."""
+        prepared_ops = list(prepared_ops)
+        request = pb.ExecuteRequest(
+            ops=[pb.Op(**{p.field: p.request}) for p in prepared_ops])
+        response = self.call("Execute", request)
+        return [p.finish(r) for p, r in zip(prepared_ops, response.results)]
+
+
+def _op_method(name):
+    build = getattr(OpBuilder, name)
+
+    @functools.wraps(build)
+    def method(self, *args, **kwargs):
+        return self.run(getattr(self.ops, name)(*args, **kwargs))
+    return method
+
+
+for _name in OP_NAMES:
+    setattr(Client, _name, _op_method(_name))

@@ -1,0 +1,196 @@
+"""Request builders for the eight operators (contracts: docs/ops.md).
+
+`OpBuilder` methods return a `PreparedOp`; `Client` runs one with its RPC
+(`client.gather_tokens(...)`) or several in one round trip
+(`client.execute([client.ops.gather_tokens(...), ...])`). Every result is
+what the matching Client method returns.
+
+Argument conventions: inputs are numpy arrays, CPU torch tensors (inline or,
+inside a registered buffer, by reference) or registered CUDA tensors.
+Output arguments: None = returned inline; an array = written there (in place
+for registered buffers, else the inline result is copied into it). Optional
+outputs (`inverse`, `bert_mask`, `gpt_mask`) take False (not computed), True
+(returned inline) or an array.
+"""
+import collections
+
+from tokensel.tensors import Codec, InPlace, decode
+from tokensel.v1 import tokensel_pb2 as pb
+
+SortResult = collections.namedtuple("SortResult", ["ids", "inverse"])
+SampleResult = collections.namedtuple("SampleResult", ["ids", "inverse", "bert_mask", "gpt_mask"])
+
+SEGMENT_OUTPUTS = ("q_seqlen", "q_offset", "kv_seqlen", "kv_offset", "q_packed_seqlens",
+                   "q_packed_offsets", "q_cu_seqlens", "kv_packed_seqlens",
+                   "kv_packed_offsets", "kv_cu_seqlens")
+_MASKS = {"padding": pb.ATTN_MASK_PADDING, "causal": pb.ATTN_MASK_CAUSAL,
+          "causal_bottom_right": pb.ATTN_MASK_CAUSAL_BOTTOM_RIGHT}
+
+
+class PreparedOp:
+    """One operator request: `field` names it in tokensel.v1.Op, `rpc` is the
+    unary method, `finish(OpResponse)` builds the Python result."""
+
+    def __init__(self, field, rpc, request, finish):
+        self.field = field
+        self.rpc = rpc
+        self.request = request
+        self._finish = finish
+
+    def finish(self, response):
+        return self._finish({o.name: decode(o.tensor) for o in response.outputs})
+
+
+def _put(message, field, tensor):
+    sub = getattr(message, field)
+    sub.CopyFrom(tensor)
+    sub.SetInParent()  # present even when empty (= "return it inline")
+
+
+class OpBuilder:
+    """Builds requests against one client's registered buffers."""
+
+    def __init__(self, find_region):
+        self._codec = Codec(find_region)
+
+    def _in(self, req, field, x):
+        _put(req, field, self._codec.input(x, field))
+
+    def _out(self, req, field, x):
+        """Required output (None = inline). Returns its sink or None."""
+        tensor, sink = self._codec.output(x, field)
+        _put(req, field, tensor)
+        return sink
+
+    def _opt_out(self, req, field, x):
+        """Optional output: False/None = absent, True = inline, array."""
+        if x is None or x is False:
+            return False
+        return self._out(req, field, None if x is True else x)
+
+    @staticmethod
+    def _result(outputs, name, sink):
+        """An output's value: False = not requested, sink = user's array."""
+        if sink is False:
+            return None
+        if sink is None:
+            return outputs.get(name)
+        return sink.deliver(outputs.get(name))
+
+    def sort_tokens(self, ids, original_tokens, *, out=None, inverse=False):
+        """Sorts each row of `ids` ([..., R], int32/int64, unique in [0, S))
+        ascending: in place, or into `out`. `inverse` ([..., S] int32) maps
+        position -> rank or -1. Returns SortResult(ids, inverse): `ids` is
+        `out` if given, else `ids` itself (updated in place; a list or other
+        non-array input comes back as a new array)."""
+        req = pb.SortTokensRequest(original_tokens=int(original_tokens))
+        self._in(req, "ids", ids)
+        if out is not None:
+            sink = self._out(req, "out", out)
+        elif req.ids.WhichOneof("data") == "inline_data" and hasattr(ids, "shape"):
+            sink = InPlace(ids)  # the server returns the sorted copy as "out"
+        else:
+            sink = None  # by reference: sorted in place by the server
+        inv_sink = self._opt_out(req, "inverse", inverse)
+
+        def finish(o):
+            sorted_ids = sink.deliver(o.get("out")) if sink else o.get("out", ids)
+            return SortResult(sorted_ids, self._result(o, "inverse", inv_sink))
+        return PreparedOp("sort_tokens", "SortTokens", req, finish)
+
+    def gather_tokens(self, activations, indices, *, out=None, batch_first=True):
+        """out[b, r] = activations[b, indices[b, r]] ([B,S,C] -> [B,R,C]);
+        seq-first ([S,B,C] -> [R,B,C]) with batch_first=False."""
+        req = pb.GatherTokensRequest(batch_first=bool(batch_first))
+        self._in(req, "activations", activations)
+        self._in(req, "indices", indices)
+        sink = self._out(req, "out", out)
+        return PreparedOp("gather_tokens", "GatherTokens", req,
+                          lambda o: self._result(o, "out", sink))
+
+    def scatter_tokens(self, all, layer, indices, *, batch_first=True):  # noqa: A002
+        """all[b, indices[b, r]] = layer[b, r], in place on `all` (returned)."""
+        req = pb.ScatterTokensRequest(batch_first=bool(batch_first))
+        tensor, sink = self._codec.output(all, "all")
+        self._in(req, "all", all) if sink.copy else _put(req, "all", tensor)
+        self._in(req, "layer", layer)
+        self._in(req, "indices", indices)
+        return PreparedOp("scatter_tokens", "ScatterTokens", req,
+                          lambda o: sink.deliver(o.get("all")))
+
+    def gather_bert_mask(self, mask, indices, *, out=None):
+        """out[l,b,h,i,j] = mask[b,h,indices[l,b,i] (row; 0 if Sq=1),
+        indices[l,b,j]]: [B,H,Sq,S] x [L,B,R] -> [L,B,H,R,R]."""
+        req = pb.GatherBertMaskRequest()
+        self._in(req, "mask", mask)
+        self._in(req, "indices", indices)
+        sink = self._out(req, "out", out)
+        return PreparedOp("gather_bert_mask", "GatherBertMask", req,
+                          lambda o: self._result(o, "out", sink))
+
+    def slice_gpt_mask(self, mask, retained_tokens=0, *, out=None):
+        """out = mask[:, :, :R, :R]; R from `out` when given."""
+        req = pb.SliceGptMaskRequest(retained_tokens=int(retained_tokens))
+        self._in(req, "mask", mask)
+        sink = self._out(req, "out", out)
+        return PreparedOp("slice_gpt_mask", "SliceGptMask", req,
+                          lambda o: self._result(o, "out", sink))
+
+    def segment_seqlens(self, segment_ids_q, max_segments, *, segment_pos_q=None,
+                        segment_ids_kv=None, segment_pos_kv=None, mask="padding",
+                        packed=False, out=None):
+        """THD bookkeeping from segment ids ([B,T], 0 = padding, ids 1..NS in
+        runs). Returns a dict of every output that applies ("q_seqlen",
+        "q_offset", kv_* with segment_ids_kv, packed ones with packed=True);
+        `out` maps output names to arrays to write."""
+        if mask not in _MASKS:
+            raise ValueError("mask must be one of %s, got %r" % (sorted(_MASKS), mask))
+        req = pb.SegmentSeqlensRequest(max_segments=int(max_segments), mask=_MASKS[mask],
+                                       packed=bool(packed))
+        self._in(req, "segment_ids_q", segment_ids_q)
+        for field, x in (("segment_pos_q", segment_pos_q), ("segment_ids_kv", segment_ids_kv),
+                         ("segment_pos_kv", segment_pos_kv)):
+            if x is not None:
+                self._in(req, field, x)
+        out = dict(out or {})
+        unknown = set(out) - set(SEGMENT_OUTPUTS)
+        if unknown:
+            raise ValueError("unknown segment_seqlens outputs %s" % sorted(unknown))
+        sinks = {name: self._out(req, name, x) for name, x in out.items()}
+
+        def finish(o):
+            result = dict(o)
+            result.update({name: sink.deliver(o.get(name)) for name, sink in sinks.items()})
+            return result
+        return PreparedOp("segment_seqlens", "SegmentSeqlens", req, finish)
+
+    def sample_tokens(self, layers, batch, original_tokens, retained_tokens, seed, step, *,
+                      ids=None, inverse=False, mask=None, bert_mask=False, gpt_mask=False):
+        """R of S positions per (layer, batch) row, seeded (Philox; same seed
+        and step -> same ids), ascending. Returns SampleResult(ids [L,B,R],
+        inverse [L,B,S], bert_mask [L,B,H,R,R], gpt_mask [B,H,R,R]) with None
+        for what was not requested; masks need `mask`."""
+        req = pb.SampleTokensRequest(layers=int(layers), batch=int(batch),
+                                     original_tokens=int(original_tokens),
+                                     retained_tokens=int(retained_tokens),
+                                     seed=int(seed), step=int(step))
+        if mask is not None:
+            self._in(req, "mask", mask)
+        sinks = {"ids": self._out(req, "ids", ids)}
+        for field, x in (("inverse", inverse), ("bert_mask", bert_mask), ("gpt_mask", gpt_mask)):
+            sinks[field] = self._opt_out(req, field, x)
+        return PreparedOp("sample_tokens", "SampleTokens", req, lambda o: SampleResult(
+            *(self._result(o, f, sinks[f]) for f in SampleResult._fields)))
+
+    def topk_tokens(self, scores, retained_tokens, *, ids=None):
+        """Positions of the R largest scores per row (ties to the lower
+        position; NaN lowest), ascending: [..., S] -> [..., R]."""
+        req = pb.TopKTokensRequest(retained_tokens=int(retained_tokens))
+        self._in(req, "scores", scores)
+        sink = self._out(req, "ids", ids)
+        return PreparedOp("top_k_tokens", "TopKTokens", req,
+                          lambda o: self._result(o, "ids", sink))
+
+
+OP_NAMES = ("sort_tokens", "gather_tokens", "scatter_tokens", "gather_bert_mask",
+            "slice_gpt_mask", "segment_seqlens", "sample_tokens", "topk_tokens")

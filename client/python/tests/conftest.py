@@ -1,0 +1,102 @@
+"""Fixtures: one real tokensel-server subprocess per test session.
+
+The binary is $TOKENSEL_SERVER_BINARY (the ctest registration sets it to
+$<TARGET_FILE:tokensel-server>). The server listens on a unix socket in a
+temp directory, with metrics off and a per-run --shm_prefix.
+"""
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import grpc
+import pytest
+
+import tokensel
+from tokensel.v1 import tokensel_pb2 as pb
+from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
+
+STARTUP_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """Child side of Popen: SIGKILL the server if pytest dies (even by a crash)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Server:
+    def __init__(self, binary, extra_args=()):
+        self.dir = tempfile.TemporaryDirectory(prefix="tokensel-py-")
+        self.target = "unix://%s/tokensel.sock" % self.dir.name
+        self.shm_prefix = "/tokensel-pytest-%d-%d-" % (os.getpid(), id(self) % 100000)
+        self.log_path = os.path.join(self.dir.name, "server.log")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [binary, "--listen=" + self.target, "--metrics_address=", "--threads=2",
+             "--shm_prefix=" + self.shm_prefix, *extra_args],
+            stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self._wait_serving()
+
+    def log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def _wait_serving(self):
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        with grpc.insecure_channel(self.target) as channel:
+            stub = pb_grpc.TokenSelectStub(channel)
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("tokensel-server exited with %d:\n%s"
+                                       % (self.proc.returncode, self.log()))
+                try:
+                    stub.Ping(pb.PingRequest(), timeout=1.0)
+                    return
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError("tokensel-server not serving after %.0f s:\n%s"
+                                           % (STARTUP_TIMEOUT_S, self.log()))
+                    time.sleep(0.05)
+
+    def stop(self):
+        """SIGTERM, then the exit code (SIGKILL after 15 s)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def server_binary():
+    binary = os.environ.get("TOKENSEL_SERVER_BINARY")
+    if not binary or not os.access(binary, os.X_OK):
+        pytest.fail("set TOKENSEL_SERVER_BINARY to a built tokensel-server (got %r)" % binary,
+                    pytrace=False)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def server():
+    srv = Server(server_binary())
+    yield srv
+    code = srv.stop()
+    assert code == 0, "tokensel-server exited with %s:\n%s" % (code, srv.log())
+    srv.dir.cleanup()
+
+
+@pytest.fixture
+def client(server):
+    with tokensel.Client(server.target, client_name="pytest") as c:
+        yield c
+
+
+def shm_path(shm_name):
+    return "/dev/shm/" + shm_name.lstrip("/")

@@ -1,0 +1,98 @@
+"""Errors come back as TokenselError subclasses with the gRPC code."""
+import os
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+import tokensel
+from tokensel import cuda_ipc
+from tokensel.v1 import tokensel_pb2 as pb
+from conftest import shm_path
+
+
+def test_bad_index_is_invalid_argument_naming_the_field(client):
+    act = np.zeros((2, 5, 3), dtype=np.float32)
+    with pytest.raises(tokensel.InvalidArgumentError) as info:
+        client.gather_tokens(act, np.array([[0, 1], [7, 0]], dtype=np.int32))
+    err = info.value
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "indices[1,0] = 7 is out of range [0, 5)" in err.message
+    assert isinstance(err, tokensel.TokenselError)
+
+
+def test_duplicate_scatter_indices(client):
+    with pytest.raises(tokensel.InvalidArgumentError, match=r"indices\[0,1\]"):
+        client.scatter_tokens(np.zeros((1, 4, 2)), np.ones((1, 2, 2)), [[3, 3]])
+
+
+def test_unknown_buffer_is_not_found(client):
+    prepared = client.ops.gather_tokens(np.zeros((1, 4, 2), np.float32), [[0]])
+    prepared.request.activations.buffer.buffer = "no-such-buffer"
+    prepared.request.activations.buffer.byte_offset = 0
+    with pytest.raises(tokensel.NotFoundError, match="no-such-buffer") as info:
+        client.run(prepared)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_shm_outside_prefix_is_permission_denied(client):
+    request = pb.RegisterBufferRequest(
+        name="evil", host_shm=pb.HostShm(shm_name="/not-tokensel-prefix", size=64))
+    with pytest.raises(tokensel.PermissionDeniedError) as info:
+        client.call("RegisterBuffer", request)
+    assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_duplicate_buffer_name_cleans_up(client):
+    with client.shared_buffer(64, name="dup"):
+        before = set(os.listdir("/dev/shm"))
+        with pytest.raises(tokensel.AlreadyExistsError):
+            client.shared_buffer(64, name="dup")
+        assert set(os.listdir("/dev/shm")) == before  # the second object was unlinked
+
+
+def test_bad_dtype_and_device_are_caught_client_side(client):
+    with pytest.raises(TypeError, match="complex"):
+        client.topk_tokens(np.zeros((1, 4), np.complex64), 1)
+    with pytest.raises(TypeError, match="out: an output must be"):
+        client.gather_tokens(np.zeros((1, 2, 1)), [[0]], out=[[0.0]])
+    with pytest.raises(tokensel.FailedPreconditionError, match="meta"):
+        client.topk_tokens(torch.empty((1, 4), device="meta"), 1)
+
+
+def test_cuda_without_bindings_or_gpu_is_a_clean_error(client, monkeypatch):
+    t = torch.zeros(4)
+    with pytest.raises(tokensel.CudaUnavailableError) as info:
+        try:
+            import cuda.bindings  # noqa: F401  (only without the package does this branch run)
+            pytest.skip("cuda-bindings installed")
+        except ImportError:
+            client.register_cuda(t)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cuda-bindings" in info.value.message
+    # With the bindings present but no device (this machine): still clean.
+    monkeypatch.setattr(cuda_ipc, "driver", lambda: object())
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(tokensel.CudaUnavailableError, match="CUDA device"):
+        client.register_cuda(t)
+    assert client.list_buffers() == []
+
+
+def test_expired_session_is_not_found_and_keepalive_prevents_it(server):
+    with tokensel.Client(server.target, lease_ttl=1.0) as kept:
+        lapsed = tokensel.Client(server.target, lease_ttl=1.0, keepalive=False)
+        time.sleep(2.5)
+        assert kept.list_buffers() == []  # renewed every 1/3 s
+        with pytest.raises(tokensel.NotFoundError):
+            lapsed.list_buffers()
+        with pytest.raises(tokensel.NotFoundError):
+            lapsed.close()  # CloseSession on an expired session
+        assert kept.keepalive_error is None
+
+
+def test_unreachable_server_is_unavailable(tmp_path):
+    with pytest.raises(tokensel.UnavailableError):
+        tokensel.Client("unix://%s/none.sock" % tmp_path, timeout=1.0)
