@@ -7,6 +7,7 @@ option(TOKENSEL_BUILD_BENCHMARKS "Build the Google Benchmark programs" ON)
 set(TOKENSEL_CUDA "AUTO" CACHE STRING "Build the CUDA targets: AUTO (when nvcc is found), ON, OFF")
 set_property(CACHE TOKENSEL_CUDA PROPERTY STRINGS AUTO ON OFF)
 option(TOKENSEL_WERROR "Treat compiler warnings as errors" OFF)
+option(TOKENSEL_FUZZ "Build the libFuzzer targets in tests/fuzz (clang; the `fuzz` preset)" OFF)
 
 set(CMAKE_CXX_STANDARD 20)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
@@ -24,7 +25,8 @@ target_compile_options(tokensel_warnings INTERFACE
     -Wimplicit-fallthrough -Wno-missing-field-initializers>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${TOKENSEL_WERROR}>>:-Werror>)
 
-# Sanitizer builds (the `asan` preset sets TOKENSEL_SANITIZE=address,undefined).
+# Sanitizer builds: `asan` sets TOKENSEL_SANITIZE=address,undefined, `tsan` thread,
+# `fuzz` fuzzer-no-link,address,undefined (fuzz targets add -fsanitize=fuzzer).
 set(TOKENSEL_SANITIZE "" CACHE STRING "Comma-separated -fsanitize= list (empty = none)")
 if(TOKENSEL_SANITIZE)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${TOKENSEL_SANITIZE}>

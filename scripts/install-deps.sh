@@ -16,6 +16,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   python3-torch python3-numpy python3-venv python3-pip
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -32,7 +32,9 @@ constexpr int64_t kGrainPositions = int64_t{1} << 14;
 // On x86-64 GCC builds PhiloxBlock is also compiled for x86-64-v4 (AVX-512:
 // 8 lanes per multiply, about 1.8x faster) and picked at load time; the
 // arithmetic, hence every key, is the same on every path.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// (Not under ThreadSanitizer: the ifunc resolver runs before the TSan
+// runtime is up and crashes the process at load.)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define TOKENSEL_PHILOX_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
 #else
 #define TOKENSEL_PHILOX_CLONES

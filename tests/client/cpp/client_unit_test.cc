@@ -48,8 +48,8 @@ TEST(FromGrpcStatusTest, KeepsCodeAndMessage) {
     EXPECT_EQ(s.code(), c.absl_code);
     EXPECT_EQ(s.message(), "indices: bad");
   }
-  EXPECT_THAT(FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(99), "x")),
-              StatusIs(absl::StatusCode::kUnknown, "x"));
+  // (Codes outside the enum cannot be constructed without UB: UBSan flags a
+  // grpc::StatusCode of 99, so the kUnknown fallback is not exercised here.)
 }
 
 TEST(TensorRefTest, FillsByReference) {
