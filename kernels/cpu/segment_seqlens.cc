@@ -388,8 +388,10 @@ absl::Status SegmentSeqlens(const SegmentSeqlensArgs& args, ThreadPool* pool) {
     std::vector<RowTotals> side_totals(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b) side_totals[b] = totals[b * sides + s];
     const SegmentSeqlensSide& out = s == 0 ? args.q : *args.kv;
-    WriteSide(out, stage.data() + s * stage_stride, sides * stage_stride, side_totals, batch, ns,
-              s == 0 ? tq : tkv, pool);
+    // (stage is empty when B == 0: no pointer arithmetic on its null data.)
+    const int32_t* side_stage = stage.empty() ? nullptr : stage.data() + s * stage_stride;
+    WriteSide(out, side_stage, sides * stage_stride, side_totals, batch, ns, s == 0 ? tq : tkv,
+              pool);
   }
   return absl::OkStatus();
 }

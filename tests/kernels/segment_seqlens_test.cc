@@ -119,6 +119,23 @@ TEST(SegmentSeqlensTest, SpecBrcmCrossQLonger) {
   EXPECT_THAT(out.kv->Read().offset[0], ElementsAreArray({0, -1}));
 }
 
+// Found by the op fuzzer (clang UBSan): B = 0 cross-attention formed a pointer
+// from the empty staging buffer's null data plus the kv side's offset. GCC's
+// UBSan (the asan preset) does not check null + offset, so this case guards
+// the path; the fuzz preset's clang build is what flags a regression.
+TEST(SegmentSeqlensTest, EmptyBatchCrossAttentionWithPacked) {
+  Case c;
+  c.tq = 5;
+  c.tkv = 3;
+  c.ns = 7;
+  c.cross = true;
+  c.mask = AttnMaskType::kPadding;
+  Outcome out = RunOp(c);
+  ASSERT_OK(out.status);
+  EXPECT_THAT(out.q->ReadPacked().cu_seqlens, ElementsAreArray({0}));
+  EXPECT_THAT(out.kv->ReadPacked().cu_seqlens, ElementsAreArray({0}));
+}
+
 // TE's striped context-parallel example (reference doc T17), CAUSAL.
 TEST(SegmentSeqlensTest, StripedCausalExample) {
   Outcome out = RunOp(CrossCase({1, 1, 2, 2}, {0, 2, 0, 2}, {1, 1, 2, 2}, {1, 3, 1, 3}, 2,
