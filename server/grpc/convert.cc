@@ -310,7 +310,8 @@ uint64_t EstimateOpElements(const google::protobuf::Message& request) {
     const uint64_t work = SaturatingMul(
         SaturatingMul(static_cast<uint64_t>(std::max<int64_t>(sample->layers(), 0)),
                       static_cast<uint64_t>(std::max<int64_t>(sample->batch(), 0))),
-        static_cast<uint64_t>(std::max<int64_t>(sample->original_tokens(), 0)));
+        // Every row costs something even when S (or R) is 0.
+        static_cast<uint64_t>(std::max<int64_t>(sample->original_tokens(), 1)));
     total = SaturatingAdd(total, work);
   }
   return total;
