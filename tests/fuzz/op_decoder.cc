@@ -8,6 +8,8 @@
 
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "kernels/dtype.h"
+#include "server/grpc/convert.h"
 
 namespace tokensel::fuzz {
 namespace {
@@ -18,28 +20,12 @@ using google::protobuf::Message;
 constexpr int kMaxRank = 5;
 constexpr uint64_t kMaxInlineBytes = 4096;
 
-// Element size of a proto dtype number; 0 for unspecified or unknown.
+// Element size of a proto dtype number; 0 for unspecified or unknown. Uses
+// the server's own conversion, so the decoder and the server cannot disagree.
 uint64_t ProtoElementSize(int dtype) {
-  switch (dtype) {
-    case v1::DTYPE_BOOL:
-    case v1::DTYPE_INT8:
-    case v1::DTYPE_UINT8:
-    case v1::DTYPE_FLOAT8_E4M3FN:
-    case v1::DTYPE_FLOAT8_E5M2:
-      return 1;
-    case v1::DTYPE_FLOAT16:
-    case v1::DTYPE_BFLOAT16:
-    case v1::DTYPE_INT16:
-      return 2;
-    case v1::DTYPE_FLOAT32:
-    case v1::DTYPE_INT32:
-      return 4;
-    case v1::DTYPE_FLOAT64:
-    case v1::DTYPE_INT64:
-      return 8;
-    default:
-      return 0;
-  }
+  auto parsed = server::DTypeFromProto(dtype, "dtype");
+  if (!parsed.ok() || !parsed->has_value()) return 0;
+  return static_cast<uint64_t>(kernels::ElementSize(**parsed));
 }
 
 int PickDType(FuzzedDataProvider& fdp) {
