@@ -96,37 +96,43 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   // with "127.0.0.1:<port>" that mentions "metrics" is the exporter, the
   // first other one the gRPC TCP listener.
   if (options.tcp || options.metrics) {
-    absl::MutexLock lock(&server->mu_);
-    size_t seen = 0;
-    while (true) {
-      for (; seen < server->lines_.size(); ++seen) {
-        const std::string& line = server->lines_[seen];
-        const int port = LoopbackPort(line);
-        if (port == 0) continue;
-        if (line.find("metrics") != std::string::npos) {
-          server->metrics_port_ = port;
-        } else if (server->tcp_target_.empty()) {
-          server->tcp_target_ = absl::StrCat("127.0.0.1:", port);
+    // WithOutput takes mu_ itself, so a failure is decorated after unlocking.
+    absl::Status announced = absl::OkStatus();
+    {
+      absl::MutexLock lock(&server->mu_);
+      size_t seen = 0;
+      while (true) {
+        for (; seen < server->lines_.size(); ++seen) {
+          const std::string& line = server->lines_[seen];
+          const int port = LoopbackPort(line);
+          if (port == 0) continue;
+          if (line.find("metrics") != std::string::npos) {
+            server->metrics_port_ = port;
+          } else if (server->tcp_target_.empty()) {
+            server->tcp_target_ = absl::StrCat("127.0.0.1:", port);
+          }
         }
-      }
-      const bool done = (!options.tcp || !server->tcp_target_.empty()) &&
-                        (!options.metrics || server->metrics_port_ != 0);
-      if (done) break;
-      if (server->eof_) {
-        return server->WithOutput(absl::InternalError("tokensel-server exited during startup"));
-      }
-      struct Waiter {
-        const ServerProcess* server;
-        size_t seen;
-        bool Ready() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return server->lines_.size() > seen || server->eof_;
+        const bool done = (!options.tcp || !server->tcp_target_.empty()) &&
+                          (!options.metrics || server->metrics_port_ != 0);
+        if (done) break;
+        if (server->eof_) {
+          announced = absl::InternalError("tokensel-server exited during startup");
+          break;
         }
-      } waiter{server.get(), seen};
-      if (!server->mu_.AwaitWithDeadline(absl::Condition(&waiter, &Waiter::Ready), deadline)) {
-        return server->WithOutput(
-            absl::DeadlineExceededError("tokensel-server did not announce its ports"));
+        struct Waiter {
+          const ServerProcess* server;
+          size_t seen;
+          bool Ready() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return server->lines_.size() > seen || server->eof_;
+          }
+        } waiter{server.get(), seen};
+        if (!server->mu_.AwaitWithDeadline(absl::Condition(&waiter, &Waiter::Ready), deadline)) {
+          announced = absl::DeadlineExceededError("tokensel-server did not announce its ports");
+          break;
+        }
       }
     }
+    if (!announced.ok()) return server->WithOutput(announced);
   }
   if (absl::Status s = server->WaitForServing(deadline - absl::Now()); !s.ok()) {
     return server->WithOutput(s);
@@ -253,8 +259,8 @@ absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
   if (reader_.joinable()) reader_.join();
   const int status = *exit_status_;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return WithOutput(absl::InternalError(
-      absl::StrCat("tokensel-server killed by signal ", WTERMSIG(status))));
+  return WithOutput(
+      absl::InternalError(absl::StrCat("tokensel-server killed by signal ", WTERMSIG(status))));
 }
 
 std::string ServerProcess::Output() const {
