@@ -19,6 +19,7 @@
 #endif
 
 #include "absl/status/status.h"
+#include "kernels/cpu/row_check.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/gather_math.h"
 #include "kernels/tensor_view.h"
@@ -193,6 +194,10 @@ inline absl::Status IndexError(const TensorView& indices, int64_t row, int64_t p
 // the last dim is the row) is in [0, limit) and, when `unique`, occurs once in
 // its row. Returns INVALID_ARGUMENT naming the FIRST offending element (lowest
 // row, then lowest position), whatever the thread count. Reads only.
+//
+// Uniqueness is checked with a bitmap of `limit` bits per thread, or, when
+// that would be far larger than a row (PreferSortingToBitmap: e.g. a
+// zero-strided `all` with a huge S), by sorting each row: memory stays O(n).
 inline absl::Status CheckIndexRows(const TensorView& indices, int64_t limit, bool unique,
                                    ThreadPool* pool) {
   const int64_t rows = indices.NumRows();
@@ -200,14 +205,28 @@ inline absl::Status CheckIndexRows(const TensorView& indices, int64_t limit, boo
   if (rows == 0 || n == 0) return absl::OkStatus();
   std::atomic<int64_t> first_bad_row{rows};
   const bool is64 = indices.dtype == DType::kInt64;
-  const int64_t bitmap_words = unique ? (limit + 63) / 64 : 0;
+  const bool by_sorting = unique && PreferSortingToBitmap(n, limit);
+  const int64_t bitmap_words = unique && !by_sorting ? (limit + 63) / 64 : 0;
+  auto load_row = [&](int64_t row, std::vector<int64_t>* values) {
+    values->resize(static_cast<size_t>(n));
+    for (int64_t pos = 0; pos < n; ++pos) {
+      (*values)[static_cast<size_t>(pos)] = LoadIndex(indices, IndexOffset(indices, row, pos));
+    }
+  };
   ParallelFor(pool, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> bitmap(static_cast<size_t>(bitmap_words), 0);
-    uint64_t* bits = unique ? bitmap.data() : nullptr;
+    uint64_t* bits = bitmap_words > 0 ? bitmap.data() : nullptr;
+    std::vector<int64_t> values;
     for (int64_t row = begin; row < end; ++row) {
       if (row >= first_bad_row.load(std::memory_order_relaxed)) return;
-      const int64_t pos = is64 ? internal::FirstBadIndexInRow<int64_t>(indices, row, limit, bits)
-                               : internal::FirstBadIndexInRow<int32_t>(indices, row, limit, bits);
+      int64_t pos = -1;
+      if (by_sorting) {
+        load_row(row, &values);
+        pos = SortAndCheckUniqueInRange(&values, limit) ? -1 : 0;
+      } else {
+        pos = is64 ? internal::FirstBadIndexInRow<int64_t>(indices, row, limit, bits)
+                   : internal::FirstBadIndexInRow<int32_t>(indices, row, limit, bits);
+      }
       if (pos < 0) continue;
       int64_t current = first_bad_row.load(std::memory_order_relaxed);
       while (row < current && !first_bad_row.compare_exchange_weak(current, row)) {
@@ -218,8 +237,13 @@ inline absl::Status CheckIndexRows(const TensorView& indices, int64_t limit, boo
   const int64_t bad_row = first_bad_row.load();
   if (bad_row == rows) return absl::OkStatus();
   // Re-scan the one bad row serially for its position and message.
+  if (by_sorting) {
+    std::vector<int64_t> values;
+    load_row(bad_row, &values);
+    return internal::IndexError(indices, bad_row, FirstBadPosition(values, limit).position, limit);
+  }
   std::vector<uint64_t> bitmap(static_cast<size_t>(bitmap_words), 0);
-  uint64_t* bits = unique ? bitmap.data() : nullptr;
+  uint64_t* bits = bitmap_words > 0 ? bitmap.data() : nullptr;
   const int64_t pos = is64 ? internal::FirstBadIndexInRow<int64_t>(indices, bad_row, limit, bits)
                            : internal::FirstBadIndexInRow<int32_t>(indices, bad_row, limit, bits);
   return internal::IndexError(indices, bad_row, pos, limit);

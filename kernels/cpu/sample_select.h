@@ -26,6 +26,11 @@ inline int BucketBits(int64_t S) {
   return std::clamp(width - 4, 1, 16);
 }
 
+// Rows longer than this use SelectRowChunked (12 MiB of dense scratch per
+// thread at the limit), with keys made kSelectChunk at a time (512 KiB).
+inline constexpr int64_t kChunkedSelectMinS = int64_t{1} << 20;
+inline constexpr int64_t kSelectChunk = int64_t{1} << 16;
+
 struct SelectScratch {
   std::vector<uint32_t> hist;    // [1 << BucketBits(S)]
   std::vector<uint64_t> bucket;  // keys of the bucket holding the R-th key
@@ -37,6 +42,32 @@ struct Threshold {
   int64_t num_equal = 0;   // keys == T in the row
 };
 
+// T from the bucket holding the R-th smallest key: `bucket[0, size)` are its
+// keys (reordered), `below` the keys in lower buckets.
+inline Threshold ThresholdInBucket(std::vector<uint64_t>& bucket, int64_t size, int64_t below,
+                                   int64_t R) {
+  const auto nth = bucket.begin() + (R - below - 1);
+  std::nth_element(bucket.begin(), nth, bucket.begin() + size);
+  Threshold t;
+  t.key = *nth;
+  int64_t less = below;
+  for (int64_t i = 0; i < size; ++i) {
+    less += bucket[i] < t.key;
+    t.num_equal += bucket[i] == t.key;
+  }
+  t.take_equal = R - less;
+  return t;
+}
+
+// The bucket holding the R-th smallest key of a histogram, and the number of
+// keys in the buckets below it.
+inline uint64_t TargetBucket(const std::vector<uint32_t>& hist, int64_t R, int64_t* below) {
+  *below = 0;
+  uint64_t target = 0;
+  while (*below + hist[target] < R) *below += hist[target++];
+  return target;
+}
+
 // T for 1 <= R <= S.
 inline Threshold FindThreshold(const uint64_t* keys, int64_t S, int64_t R, SelectScratch& scratch) {
   const int bits = BucketBits(S);
@@ -45,8 +76,7 @@ inline Threshold FindThreshold(const uint64_t* keys, int64_t S, int64_t R, Selec
   uint32_t* hist = scratch.hist.data();
   for (int64_t s = 0; s < S; ++s) ++hist[keys[s] >> shift];
   int64_t below = 0;  // keys in the buckets before `target`
-  uint64_t target = 0;
-  while (below + hist[target] < R) below += hist[target++];
+  const uint64_t target = TargetBucket(scratch.hist, R, &below);
   // Branch-free compaction of the target bucket (one slack slot).
   const int64_t size = hist[target];
   std::vector<uint64_t>& bucket = scratch.bucket;
@@ -57,17 +87,7 @@ inline Threshold FindThreshold(const uint64_t* keys, int64_t S, int64_t R, Selec
     out[m] = keys[s];
     m += (keys[s] >> shift) == target;
   }
-  const auto nth = bucket.begin() + (R - below - 1);
-  std::nth_element(bucket.begin(), nth, bucket.begin() + size);
-  Threshold t;
-  t.key = *nth;
-  int64_t less = below;
-  for (int64_t i = 0; i < size; ++i) {
-    less += out[i] < t.key;
-    t.num_equal += out[i] == t.key;
-  }
-  t.take_equal = R - less;
-  return t;
+  return ThresholdInBucket(bucket, size, below, R);
 }
 
 // picked[0, R) = kept positions, ascending; picked needs S + 1 slots (the
@@ -123,6 +143,58 @@ inline void SelectRow(const uint64_t* keys, int64_t S, int64_t R, SelectScratch&
     return;
   }
   EmitKept(keys, S, FindThreshold(keys, S, R, scratch), picked, inv, inv_stride);
+}
+
+// SelectRow for long rows, with the keys produced chunk by chunk instead of
+// held whole (S * 12 bytes of scratch per thread would let one request with
+// S = 2^31 - 1 ask for 24 GiB): three passes over the keys (histogram,
+// target bucket, emission), each recomputing them. Same threshold and the
+// same keep rule, so the same result as SelectRow; memory O(chunk + bucket)
+// plus `picked`, which needs only R + 1 slots here.
+// keys_of(begin, count, out) writes the keys of positions [begin, begin +
+// count) to out; begin is a multiple of `chunk` (> 0).
+template <typename KeysOf>
+void SelectRowChunked(KeysOf&& keys_of, int64_t S, int64_t R, int64_t chunk, SelectScratch& scratch,
+                      std::vector<uint64_t>& keys, int32_t* picked, char* inv, int64_t inv_stride) {
+  if (R == 0 || R == S) return SelectRow(nullptr, S, R, scratch, picked, inv, inv_stride);
+  const int bits = BucketBits(S);
+  const int shift = 64 - bits;
+  keys.resize(static_cast<size_t>(chunk));
+  auto for_each_chunk = [&](auto&& visit) {
+    for (int64_t begin = 0; begin < S; begin += chunk) {
+      const int64_t count = std::min(chunk, S - begin);
+      keys_of(begin, count, keys.data());
+      visit(begin, count, keys.data());
+    }
+  };
+  scratch.hist.assign(size_t{1} << bits, 0u);
+  for_each_chunk([&](int64_t, int64_t count, const uint64_t* k) {
+    for (int64_t i = 0; i < count; ++i) ++scratch.hist[k[i] >> shift];
+  });
+  int64_t below = 0;
+  const uint64_t target = TargetBucket(scratch.hist, R, &below);
+  std::vector<uint64_t>& bucket = scratch.bucket;
+  bucket.clear();
+  for_each_chunk([&](int64_t, int64_t count, const uint64_t* k) {
+    for (int64_t i = 0; i < count; ++i) {
+      if ((k[i] >> shift) == target) bucket.push_back(k[i]);
+    }
+  });
+  const Threshold t = ThresholdInBucket(bucket, static_cast<int64_t>(bucket.size()), below, R);
+  int64_t n = 0;
+  int64_t eq_left = t.take_equal;
+  for_each_chunk([&](int64_t begin, int64_t count, const uint64_t* k) {
+    for (int64_t i = 0; i < count; ++i) {
+      const bool keep = k[i] < t.key || (k[i] == t.key && eq_left > 0);
+      eq_left -= keep && k[i] == t.key;
+      picked[n] = static_cast<int32_t>(begin + i);
+      if (inv != nullptr) {
+        const int32_t rank = keep ? static_cast<int32_t>(n) : -1;
+        std::memcpy(inv + (begin + i) * inv_stride, &rank, sizeof(rank));
+      }
+      n += keep;
+    }
+  });
 }
 
 }  // namespace tokensel::kernels::cpu

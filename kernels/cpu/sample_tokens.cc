@@ -2,7 +2,9 @@
 //
 // Per row: the Philox keys of all S positions, computed 64 counters at a time
 // so the rounds vectorize, into S * 8 bytes of per-chunk scratch; then the
-// O(S) radix select + branch-free emission of kernels/cpu/sample_select.h;
+// O(S) radix select + branch-free emission of kernels/cpu/sample_select.h
+// (rows longer than kChunkedSelectMinS recompute their keys in chunks instead
+// of holding S * 12 bytes, see SelectRowChunked);
 // then the ids row is stored (memcpy when int32 and contiguous). Rows run in
 // parallel; each row is computed by one thread from (seed, step, l, b) alone,
 // so the result does not depend on the thread count. The optional masks are
@@ -72,18 +74,20 @@ TOKENSEL_PHILOX_CLONES void PhiloxBlock(Philox4x32Key key, uint32_t l, uint32_t 
   }
 }
 
-// keys[s] = k(s) for s in [0, S) of row (l, b).
-void ComputeRowKeys(Philox4x32Key key, uint32_t l, uint32_t b, uint32_t step, int64_t S,
-                    uint64_t* keys) {
-  const int64_t full_pairs = S / 2;  // an odd S leaves one even position
+// keys[i] = k(begin + i) for i in [0, count) of row (l, b); `begin` is even.
+void ComputeRowKeys(Philox4x32Key key, uint32_t l, uint32_t b, uint32_t step, int64_t begin,
+                    int64_t count, uint64_t* keys) {
+  const int64_t first_pair = begin / 2;
+  const int64_t full_pairs = count / 2;  // an odd count leaves one even position
   int64_t p = 0;
   for (; p + kBlockPairs <= full_pairs; p += kBlockPairs) {
-    PhiloxBlock(key, l, b, step, static_cast<uint32_t>(p), keys + 2 * p);
+    PhiloxBlock(key, l, b, step, static_cast<uint32_t>(first_pair + p), keys + 2 * p);
   }
-  for (int64_t s = 2 * p; s < S; s += 2) {
+  for (int64_t i = 2 * p; i < count; i += 2) {
+    const int64_t s = begin + i;
     const Philox4x32Counter out = Philox4x32_10(SampleCounter(s >> 1, l, b, step), key);
-    keys[s] = SampleKeyHalf(out, 0);
-    if (s + 1 < S) keys[s + 1] = SampleKeyHalf(out, 1);
+    keys[i] = SampleKeyHalf(out, 0);
+    if (i + 1 < count) keys[i + 1] = SampleKeyHalf(out, 1);
   }
 }
 
@@ -115,18 +119,27 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
   const int64_t grain = std::max<int64_t>(1, kGrainPositions / std::max<int64_t>(S, 1));
   const int64_t inv_stride = has_inverse ? inverse.strides[2] * int64_t{sizeof(int32_t)} : 0;
   const bool random = R != 0 && R != S;
+  // Long rows are selected from keys made chunk by chunk (sample_select.h).
+  const bool chunked = S > kChunkedSelectMinS;
+  const Philox4x32Key key = SampleKey(args.seed);
+  const auto step = static_cast<uint32_t>(args.step);
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<uint64_t> keys(random ? static_cast<size_t>(S) : 0);
-    std::vector<int32_t> picked(static_cast<size_t>(S) + 1);
+    std::vector<uint64_t> keys(random && !chunked ? static_cast<size_t>(S) : 0);
+    std::vector<int32_t> picked(static_cast<size_t>(chunked ? R : S) + 1);
     SelectScratch scratch;
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t l = row / B, b = row % B;
-      if (random) {
-        ComputeRowKeys(SampleKey(args.seed), static_cast<uint32_t>(l), static_cast<uint32_t>(b),
-                       static_cast<uint32_t>(args.step), S, keys.data());
-      }
+      const auto l = static_cast<uint32_t>(row / B), b = static_cast<uint32_t>(row % B);
       char* inv = has_inverse ? inverse.At(RowOffset(inverse, row)) : nullptr;
-      SelectRow(keys.data(), S, R, scratch, picked.data(), inv, inv_stride);
+      if (chunked) {
+        auto keys_of = [&](int64_t first, int64_t count, uint64_t* out) {
+          ComputeRowKeys(key, l, b, step, first, count, out);
+        };
+        SelectRowChunked(keys_of, S, R, kSelectChunk, scratch, keys, picked.data(), inv,
+                         inv_stride);
+      } else {
+        if (random) ComputeRowKeys(key, l, b, step, 0, S, keys.data());
+        SelectRow(keys.data(), S, R, scratch, picked.data(), inv, inv_stride);
+      }
       WriteIds(args.ids, row, picked.data(), R);
     }
   });

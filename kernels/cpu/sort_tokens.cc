@@ -10,6 +10,11 @@
 // parallel passes: validate (marking the bitmaps), then write. When the
 // bitmaps of all rows fit in kKeptBitmapBytes they are kept between the
 // passes; otherwise each pass marks a per-chunk bitmap and clears it again.
+//
+// Sparse rows (S/64 bitmap words far more than R ids, e.g. R = 1 and
+// S = 2^31) would make a tiny request scan and allocate S bits per row, so
+// they are sorted by comparison instead: O(R log R) per row and O(R) memory
+// (plus O(S) for the inverse, which is output).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -20,6 +25,7 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/row_check.h"
 #include "kernels/cpu/unaligned.h"
 #include "kernels/ops.h"
 #include "kernels/sort_math.h"
@@ -94,25 +100,84 @@ void EmitRow(uint64_t* bits, int64_t words, RowPtr out, RowPtr inv, int64_t s) {
   }
 }
 
-// Builds the error of row `row` (known to be invalid) serially.
+// The ids of one row, loaded (so in-place writes cannot disturb them).
+template <typename T>
+void LoadRow(RowPtr row, int64_t r, std::vector<int64_t>* ids) {
+  ids->resize(static_cast<size_t>(r));
+  const char* p = row.base;
+  for (int64_t i = 0; i < r; ++i, p += row.stride) (*ids)[static_cast<size_t>(i)] = LoadAt<T>(p);
+}
+
+// Writes sorted unique ids to `out` and their ranks to `inv` (absent ids -1).
+template <typename T, bool kInverse>
+void EmitSorted(const std::vector<int64_t>& ids, RowPtr out, RowPtr inv, int64_t s) {
+  if constexpr (kInverse) {
+    for (int64_t i = 0; i < s; ++i) StoreAt<int32_t>(inv.base + i * inv.stride, -1);
+  }
+  char* o = out.base;
+  int32_t rank = 0;
+  for (const int64_t id : ids) {
+    StoreAt<T>(o, static_cast<T>(id));
+    o += out.stride;
+    if constexpr (kInverse) StoreAt<int32_t>(inv.base + id * inv.stride, rank);
+    ++rank;
+  }
+}
+
+// Builds the error of row `row` (known to be invalid) serially, in O(R log R)
+// time and O(R) memory whatever S is.
 template <typename T>
 SortIdError RowError(const TensorView& ids, int64_t row, int64_t s) {
+  std::vector<int64_t> values;
+  LoadRow<T>(RowOf(ids, row), ids.shape[ids.rank - 1], &values);
+  const BadPosition bad = FirstBadPosition(values, s);
+  return {row, bad.position, values[static_cast<size_t>(bad.position)], bad.first};
+}
+
+// SortTyped for sparse rows (PreferSortingToBitmap): the same two passes, by
+// comparison.
+template <typename T>
+absl::Status SortSparseTyped(const SortTokensArgs& args, ThreadPool* pool) {
+  const TensorView& ids = args.ids;
+  const TensorView& out = args.out.has_value() ? *args.out : ids;
+  const bool has_inverse = args.inverse.has_value();
+  const int64_t s = args.original_tokens;
   const int64_t r = ids.shape[ids.rank - 1];
-  std::vector<uint64_t> bits(static_cast<size_t>(BitmapWords(s)), 0);
-  const RowPtr p = RowOf(ids, row);
-  SortIdError e;
-  e.row = row;
-  e.position = MarkRow<T>(p, r, s, bits.data());
-  e.value = LoadAt<T>(p.base + e.position * p.stride);
-  if (IdInRange(e.value, s)) {
-    for (int64_t i = 0; i < e.position; ++i) {
-      if (LoadAt<T>(p.base + i * p.stride) == e.value) {
-        e.first_position = i;
-        break;
+  const int64_t rows = ids.NumRows();
+  const int64_t row_cost = r * 32 + (has_inverse ? s : 0);
+  const int64_t grain = std::max<int64_t>(1, kChunkWork / std::max<int64_t>(row_cost, 1));
+
+  std::atomic<int64_t> first_bad{rows};
+  ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> row_ids;
+    for (int64_t row = begin; row < end; ++row) {
+      if (row > first_bad.load(std::memory_order_relaxed)) return;
+      LoadRow<T>(RowOf(ids, row), r, &row_ids);
+      if (!SortAndCheckUniqueInRange(&row_ids, s)) {
+        int64_t cur = first_bad.load(std::memory_order_relaxed);
+        while (row < cur && !first_bad.compare_exchange_weak(cur, row)) {
+        }
+        return;
       }
     }
+  });
+  if (const int64_t bad = first_bad.load(); bad < rows) {
+    return SortIdStatus(ids, s, RowError<T>(ids, bad, s));
   }
-  return e;
+  ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> row_ids;
+    for (int64_t row = begin; row < end; ++row) {
+      LoadRow<T>(RowOf(ids, row), r, &row_ids);
+      std::sort(row_ids.begin(), row_ids.end());
+      const RowPtr o = RowOf(out, row);
+      if (has_inverse) {
+        EmitSorted<T, true>(row_ids, o, RowOf(*args.inverse, row), s);
+      } else {
+        EmitSorted<T, false>(row_ids, o, RowPtr{nullptr, 0}, s);
+      }
+    }
+  });
+  return absl::OkStatus();
 }
 
 template <typename T>
@@ -124,6 +189,7 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
   const int64_t r = ids.shape[ids.rank - 1];
   const int64_t rows = ids.NumRows();
   if (rows == 0) return absl::OkStatus();
+  if (PreferSortingToBitmap(r, s)) return SortSparseTyped<T>(args, pool);
   const int64_t words = BitmapWords(s);
   const int64_t grain = std::max<int64_t>(1, kChunkWork / SortRowCost(r, s, has_inverse));
   // Kept bitmaps: one per row, shared by both passes.

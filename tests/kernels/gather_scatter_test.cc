@@ -438,6 +438,29 @@ TEST(ScatterTokensErrors, DuplicatesAndRanges) {
               "indices[7,0] = -1 is out of range [0, 6)");
 }
 
+// A huge S with no bytes (C = 0): the uniqueness check sorts the rows instead
+// of allocating a bitmap of S bits (which threw std::bad_alloc before).
+TEST(ScatterTokensErrors, HugeSeqWithZeroChannelsIsCheckedBySorting) {
+  constexpr int64_t kS = int64_t{1} << 40;
+  char no_bytes[8];
+  const TensorView all = TensorView::Contiguous(no_bytes, DType::kFloat32, {2, kS, 0});
+  const TensorView layer = TensorView::Contiguous(no_bytes, DType::kFloat32, {2, 3, 0});
+  TestTensor idx = Indices(DType::kInt64, 2, 3, {kS - 1, 0, 12345, 7, kS - 1, 7});
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    EXPECT_THAT(kernels::cpu::ScatterTokens({all, layer, idx.view(), true}, &pool),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "indices[1,2] = 7 duplicates indices[1,0] (indices must be unique"));
+    idx.SetIndex(5, kS);
+    EXPECT_THAT(kernels::cpu::ScatterTokens({all, layer, idx.view(), true}, &pool),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "indices[1,2] = 1099511627776 is out of range [0, 1099511627776)"));
+    idx.SetIndex(5, 8);
+    EXPECT_OK(kernels::cpu::ScatterTokens({all, layer, idx.view(), true}, &pool));
+    idx.SetIndex(5, 7);
+  }
+}
+
 TEST(ScatterTokensErrors, Metadata) {
   ScatterSetup s(2);
   ScatterTokensArgs a = s.Args();

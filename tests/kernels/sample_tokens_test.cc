@@ -107,6 +107,18 @@ TEST(SampleTokensTest, LargeRowsMatchReference) {
   ExpectMatchesReference(o, 2, 2, S, R, 0xDEADBEEFCAFEull, 9);
 }
 
+// Rows longer than kChunkedSelectMinS take the chunked path (keys recomputed
+// per pass instead of S * 12 bytes of scratch): same contract, same reference.
+TEST(SampleTokensTest, ChunkedLongRowsMatchReference) {
+  const int64_t S = cpu::kChunkedSelectMinS + 77;
+  for (const int64_t R : {int64_t{1}, S / 2 + 1, S - 1}) {
+    const int64_t B = R == 1 ? 2 : 1;
+    Outputs o = MakeOutputs(1, B, S, R, DType::kInt32, R != S - 1);
+    ASSERT_OK(cpu::SampleTokens(MakeArgs(1, B, S, R, 0x5EED, 3, o), &Pool3()));
+    ExpectMatchesReference(o, 1, B, S, R, 0x5EED, 3);
+  }
+}
+
 // -------------------------------------------------------------- determinism
 
 TEST(SampleTokensTest, DeterministicAcrossCallsAndThreadCounts) {
@@ -276,6 +288,27 @@ TEST(SampleSelectTest, TiesGoToTheLowerPosition) {
       expected_inv[order[i]] = static_cast<int32_t>(i);
     }
     ASSERT_EQ(inv, expected_inv) << "iter " << iter;
+    // The chunked selection (long rows) agrees, for any chunk size.
+    const int64_t chunk = 1 + static_cast<int64_t>(rng() % S);
+    std::vector<int32_t> picked_chunked(R + 1, -7);
+    std::vector<int32_t> inv_chunked(S, -7);
+    std::vector<uint64_t> buffer;
+    int64_t produced = 0;
+    auto keys_of = [&](int64_t begin, int64_t count, uint64_t* out) {
+      ASSERT_EQ(begin % chunk, 0);
+      std::copy(keys.begin() + begin, keys.begin() + begin + count, out);
+      produced += count;
+    };
+    cpu::SelectRowChunked(keys_of, S, R, chunk, scratch, buffer, picked_chunked.data(),
+                          reinterpret_cast<char*>(inv_chunked.data()), sizeof(int32_t));
+    picked_chunked.resize(R);
+    picked.resize(R);
+    ASSERT_EQ(picked_chunked, picked) << "iter " << iter << " chunk " << chunk;
+    ASSERT_EQ(inv_chunked, expected_inv) << "iter " << iter << " chunk " << chunk;
+    ASSERT_LE(buffer.size(), static_cast<size_t>(chunk));
+    if (R != 0 && R != S) {
+      ASSERT_EQ(produced, 3 * S);  // three passes, keys never held whole
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // SortTokens: spec vectors, every spec error, metadata errors, and randomized
 // comparison with a naive std::sort reference over dtypes, layouts, sizes and
 // thread counts. On every error nothing may be written.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -312,6 +313,8 @@ TEST(SortTokensTest, RandomAgainstReference) {
       {{2, 3, 5}, 5},      {{2, 3, 7}, 64}, {{4, 63}, 65},       {{3, 64}, 128},
       {{2, 2, 100}, 1000}, {{5, 130}, 131}, {{2, 1000}, 100000}, {{1, 100000}, 100000},
       {{7, 3, 17}, 4099},
+      // Sparse rows (S/64 words > 16 R): sorted by comparison.
+      {{3, 2}, 5000},      {{2, 3, 1}, 3000},   {{4, 9}, 65537},
   };
   int iteration = 0;
   for (const Size& size : sizes) {
@@ -346,23 +349,77 @@ TEST(SortTokensTest, RandomAgainstReference) {
   }
 }
 
-// More rows x S than the kept-bitmap budget: the re-marking path.
+// More rows x S than the kept-bitmap budget (dense rows): the re-marking path.
 TEST(SortTokensTest, LargeBitmapPath) {
+  constexpr int64_t kRows = 600, kR = 1024, kS = int64_t{1} << 20;  // 16384 words = 16 R
   std::mt19937_64 rng(99);
-  RandomCase c{DType::kInt32, {600, 2}, int64_t{1} << 20, false, false, {}, {{0, 1}, 2}, {}};
+  RandomCase c{DType::kInt32, {kRows, kR}, kS, false, false, {}, {{0, 1}, 2}, {}};
   RunRandom(c, rng);
   // An error in the last row: nothing written.
   std::vector<int64_t> in;
-  for (int row = 0; row < 600; ++row) {
-    in.push_back(row * 7 + 1);
-    in.push_back(row == 599 ? 599 * 7 + 1 : row);
+  for (int64_t row = 0; row < kRows; ++row) {
+    for (int64_t i = 0; i < kR; ++i) in.push_back(row == kRows - 1 && i == kR - 1 ? 5 : i * 1000 + 5);
   }
   ThreadPool pool(3);
-  TestTensor ids = MakeIds(DType::kInt64, {600, 2}, in);
+  TestTensor ids = MakeIds(DType::kInt64, {kRows, kR}, in);
   const auto before = ids.Bytes();
-  EXPECT_THAT(SortTokens({ids.view(), int64_t{1} << 20, std::nullopt, std::nullopt}, &pool),
-              StatusIs(kInvalid, "ids[599,1] = 4194 duplicates ids[599,0]"));
+  EXPECT_THAT(SortTokens({ids.view(), kS, std::nullopt, std::nullopt}, &pool),
+              StatusIs(kInvalid, "ids[599,1023] = 5 duplicates ids[599,0]"));
   EXPECT_EQ(ids.Bytes(), before);
+}
+
+// Tiny rows with the largest S: work and memory must not scale with S (the
+// bitmap would be 256 MiB per row and 2^25 words to scan; found by the long
+// fuzz run as a 13 s request). Result checked against std::sort.
+TEST(SortTokensTest, HugeSTinyRowsAreSortedByComparison) {
+  constexpr int64_t kS = (int64_t{1} << 31) - 1;
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int64_t> id(0, kS - 1);
+  for (const DType dtype : {DType::kInt32, DType::kInt64}) {
+    std::vector<int64_t> in;
+    for (int row = 0; row < 4000; ++row) {
+      const int64_t a = id(rng);
+      int64_t b = id(rng);
+      if (b == a) b = (a + 1) % kS;
+      in.push_back(a);
+      in.push_back(b);
+      in.push_back(row % 2 == 0 ? kS - 1 - row : row);  // the ends of the range too
+      if (in.back() == a || in.back() == b) in.back() = (std::max(a, b) + 1) % kS;
+    }
+    std::vector<int64_t> want = in;
+    for (size_t row = 0; row < want.size(); row += 3) {
+      std::sort(want.begin() + static_cast<ptrdiff_t>(row),
+                want.begin() + static_cast<ptrdiff_t>(row + 3));
+    }
+    for (int threads : {1, 3}) {
+      ThreadPool pool(threads);
+      TestTensor ids = MakeIds(dtype, {2, 2000, 3}, in);
+      ASSERT_OK(SortTokens({ids.view(), kS, std::nullopt, std::nullopt}, &pool));
+      EXPECT_EQ(tt::ReadIndices(ids), want);
+    }
+  }
+}
+
+// The first error of sparse rows is the same as the bitmap path's: lowest row,
+// then lowest position; nothing written.
+TEST(SortTokensTest, SparseRowsReportTheFirstError) {
+  constexpr int64_t kS = int64_t{1} << 30;
+  const std::vector<int64_t> in = {7, kS - 1, 3,  // row 0 valid
+                                   kS, 4, 4,      // row 1: out of range at 0 (before the duplicate)
+                                   9, 9, -1};     // row 2
+  ThreadPool pool(3);
+  for (DType dtype : {DType::kInt32, DType::kInt64}) {
+    TestTensor ids = MakeIds(dtype, {3, 3}, in);
+    const auto before = ids.Bytes();
+    EXPECT_THAT(SortTokens({ids.view(), kS, std::nullopt, std::nullopt}, &pool),
+                StatusIs(kInvalid, "ids[1,0] = 1073741824 is out of range [0, 1073741824)"));
+    EXPECT_EQ(ids.Bytes(), before);
+    TestTensor dup = MakeIds(dtype, {2, 4}, {0, 1, 2, 3, 8, kS - 2, 8, 8});
+    const auto dup_before = dup.Bytes();
+    EXPECT_THAT(SortTokens({dup.view(), kS, std::nullopt, std::nullopt}, &pool),
+                StatusIs(kInvalid, "ids[1,2] = 8 duplicates ids[1,0] (indices must be"));
+    EXPECT_EQ(dup.Bytes(), dup_before);
+  }
 }
 
 }  // namespace
