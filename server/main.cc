@@ -48,6 +48,11 @@ ABSL_FLAG(uint32_t, max_inflight, 256,
           "Most requests in flight at once; beyond it requests fail fast with "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Most concurrent sessions (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(uint64_t, max_op_elements, uint64_t{1} << 34,
+          "Most work one op may ask for, in elements: the sum of its tensors' shapes (plus "
+          "L*B*S for SampleTokens); beyond it RESOURCE_EXHAUSTED before anything runs. Bounds "
+          "the time of one request (zero-strided views can have huge shapes and few bytes). "
+          "0 = no limit.");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "Group (name or gid) given to the unix socket files, whose mode is 0660: its members "
           "may connect. Empty = the server's group.");
@@ -149,6 +154,7 @@ int main(int argc, char** argv) {
   options.max_buffers = absl::GetFlag(FLAGS_max_buffers);
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_op_elements = absl::GetFlag(FLAGS_max_op_elements);
   if (options.threads < 0) return Fail(absl::InvalidArgumentError("threads must be >= 0"));
   if (options.session_ttl <= absl::ZeroDuration()) {
     return Fail(absl::InvalidArgumentError("session_ttl must be positive"));

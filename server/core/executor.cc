@@ -265,13 +265,21 @@ absl::Status RunOp(OpContext& ctx, const TopKTokensRequest& req) {
 }  // namespace
 
 Executor::Executor(Backend* backend, const BufferRegistry* registry, ServiceMetrics* metrics,
-                   uint64_t max_inline_bytes)
+                   uint64_t max_inline_bytes, uint64_t max_op_work)
     : backend_(backend),
       registry_(registry),
       metrics_(metrics),
-      max_inline_bytes_(max_inline_bytes) {}
+      max_inline_bytes_(max_inline_bytes),
+      max_op_work_(max_op_work) {}
 
 absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpRequest& op) {
+  if (max_op_work_ != 0) {
+    if (const uint64_t work = EstimateOpWork(op); work > max_op_work_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          OpName(op), ": about ", work, " elements of work (the sum of its tensors' ",
+          "shapes), above the per-op limit of ", max_op_work_, " (--max_op_elements)"));
+    }
+  }
   Resolver resolver(backend_, registry_, session, max_inline_bytes_);
   OpContext ctx{resolver, *backend_};
   RETURN_IF_ERROR(std::visit([&](const auto& req) { return RunOp(ctx, req); }, op));

@@ -36,9 +36,11 @@ class ServiceMetrics;
 class Executor {
  public:
   // `max_inline_bytes` bounds the total inline output bytes of one op
-  // (RESOURCE_EXHAUSTED beyond). `metrics` may be null.
+  // (RESOURCE_EXHAUSTED beyond). `max_op_work` bounds EstimateOpWork of one
+  // op (RESOURCE_EXHAUSTED before anything is resolved; 0 = no limit).
+  // `metrics` may be null.
   Executor(Backend* backend, const BufferRegistry* registry, ServiceMetrics* metrics,
-           uint64_t max_inline_bytes);
+           uint64_t max_inline_bytes, uint64_t max_op_work = 0);
 
   absl::StatusOr<OpResult> Run(const std::string& session, const OpRequest& op);
 
@@ -55,6 +57,7 @@ class Executor {
   const BufferRegistry* const registry_;
   ServiceMetrics* const metrics_;
   const uint64_t max_inline_bytes_;
+  const uint64_t max_op_work_;
 };
 
 }  // namespace tokensel::core

@@ -109,6 +109,16 @@ using OpRequest =
 // The operator's API name ("SortTokens", ...), also the `op` metric label.
 absl::string_view OpName(const OpRequest& op);
 
+// An upper estimate of an op's work in elements, from metadata alone: the
+// sum over its tensors of product(shape) (negative dims count 0; saturating
+// at UINT64_MAX), plus L * B * max(S, 1) for SampleTokens, whose cost is per
+// position whatever R is, and rows * (S / 64 + 1) for SortTokens and
+// ScatterTokens (the CUDA kernels' per-row bitmaps of S bits; on the CPU such
+// rows are checked by sorting when S dwarfs R). Every operator runs in
+// O(work), so bounding it bounds the time and scratch of one request, even
+// with zero-strided views whose shapes are huge and whose bytes are few.
+uint64_t EstimateOpWork(const OpRequest& op);
+
 // An output returned inline: row-major bytes.
 struct InlineOutput {
   std::string name;  // the request field it answers: "out", "inverse", "q_seqlen", ...

@@ -277,44 +277,4 @@ void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out) {
   for (const std::string& kind : desc.memory_kinds) out->add_memory_kinds(kind);
 }
 
-namespace {
-
-uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
-
-uint64_t SaturatingMul(uint64_t a, uint64_t b) {
-  return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
-}
-
-uint64_t ShapeElements(const v1::Tensor& t) {
-  uint64_t n = 1;
-  for (int64_t d : t.shape()) n = SaturatingMul(n, d > 0 ? static_cast<uint64_t>(d) : 0);
-  return n;
-}
-
-}  // namespace
-
-uint64_t EstimateOpElements(const google::protobuf::Message& request) {
-  const google::protobuf::Descriptor* desc = request.GetDescriptor();
-  const google::protobuf::Reflection* refl = request.GetReflection();
-  uint64_t total = 0;
-  for (int i = 0; i < desc->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* f = desc->field(i);
-    if (f->message_type() != v1::Tensor::descriptor() || f->is_repeated() ||
-        !refl->HasField(request, f)) {
-      continue;
-    }
-    total = SaturatingAdd(
-        total, ShapeElements(static_cast<const v1::Tensor&>(refl->GetMessage(request, f))));
-  }
-  if (const auto* sample = dynamic_cast<const v1::SampleTokensRequest*>(&request)) {
-    const uint64_t work = SaturatingMul(
-        SaturatingMul(static_cast<uint64_t>(std::max<int64_t>(sample->layers(), 0)),
-                      static_cast<uint64_t>(std::max<int64_t>(sample->batch(), 0))),
-        // Every row costs something even when S (or R) is 0.
-        static_cast<uint64_t>(std::max<int64_t>(sample->original_tokens(), 1)));
-    total = SaturatingAdd(total, work);
-  }
-  return total;
-}
-
 }  // namespace tokensel::server

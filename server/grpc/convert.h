@@ -66,12 +66,6 @@ absl::StatusOr<core::RegionSpec> RegionFromProto(const v1::RegisterBufferRequest
 // Moves each inline output's bytes into a NamedTensor (dtype, shape, inline_data).
 void OpResultToProto(core::OpResult&& result, v1::OpResponse* out);
 
-// A cheap upper estimate of an op request's work in elements: the sum over
-// its tensors of product(shape) (saturating), plus L*B*max(S,1) for SampleTokens,
-// whose ids may be inline with no shape. Used to run small ops directly on
-// the gRPC callback thread instead of paying a hop to the worker pool.
-uint64_t EstimateOpElements(const google::protobuf::Message& request);
-
 void BufferInfoToProto(const core::BufferInfo& info, v1::BufferInfo* out);
 
 // What GetServerInfo reports; assembled by the Server.

@@ -82,7 +82,8 @@ absl::Status Server::Init() {
       metrics_.get());
   admission_ = std::make_unique<core::Admission>(options_.max_inflight, metrics_.get());
   executor_ = std::make_unique<core::Executor>(backend_.get(), registry_.get(), metrics_.get(),
-                                               options_.max_message_bytes);
+                                               options_.max_message_bytes,
+                                               options_.max_op_elements);
   const int threads = options_.threads > 0
                           ? options_.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

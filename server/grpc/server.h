@@ -81,6 +81,8 @@ struct ServerOptions {
   uint32_t max_buffers = 1024;      // per session
   uint32_t max_inflight = 256;
   uint32_t max_sessions = 1024;
+  // Per-op work bound (core::EstimateOpWork, elements); 0 = none.
+  uint64_t max_op_elements = uint64_t{1} << 34;
   absl::Duration reap_interval = absl::Seconds(1);
 };
 

@@ -63,16 +63,19 @@ grpc::ServerUnaryReactor* TokenSelectService::OpCall(grpc::CallbackServerContext
                                                      absl::string_view method,
                                                      const Request* request,
                                                      v1::OpResponse* response) {
+  // Converted here (it is cheap) to size the work; a conversion error is
+  // reported by the work itself, after the session checks.
+  absl::StatusOr<core::OpRequest> op = OpFromProto(*request);
   // Small ops finish in microseconds: running them here saves the hop to the
   // worker pool (which dominated small-op latency); large ones go to the pool
   // so a callback thread is never held for long.
-  const RunOn where = EstimateOpElements(*request) <= kInlineOpMaxElements
+  const RunOn where = !op.ok() || core::EstimateOpWork(*op) <= kInlineOpMaxElements
                           ? RunOn::kCallbackThread
                           : RunOn::kWorker;
   return SessionCall(ctx, method, where,
-                     [this, request, response](const std::string& session) -> absl::Status {
-                       ASSIGN_OR_RETURN(auto op, OpFromProto(*request));
-                       return handlers_.RunOp(session, core::OpRequest(std::move(op)), response);
+                     [this, op = std::move(op), response](const std::string& session) {
+                       RETURN_IF_ERROR(op.status());
+                       return handlers_.RunOp(session, *op, response);
                      });
 }
 

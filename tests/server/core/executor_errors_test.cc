@@ -274,6 +274,62 @@ TEST_F(ExecutorErrorsTest, InlineOutputsAreBoundedByMaxInlineBytes) {
   EXPECT_THAT(tiny.Run(session_, sort), StatusIs(StatusCode::kResourceExhausted, "out:"));
 }
 
+// The work bound counts every tensor's shape (not its bytes), so zero-strided
+// views with huge shapes and few bytes are refused before anything runs.
+TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRuns) {
+  core::GatherTokensRequest req = ValidGather();
+  const core::GatherTokensRequest valid = req;
+  const uint64_t work = 2 * 8 * 4 + 2 * 3 + 2 * 3 * 4;  // activations + indices + out
+  EXPECT_EQ(core::EstimateOpWork(req), work);
+  core::Executor exact(&backend_, &registry_, nullptr, 1 << 20, /*max_op_work=*/work);
+  EXPECT_OK(exact.Run(session_, req));
+  core::Executor below(&backend_, &registry_, nullptr, 1 << 20, /*max_op_work=*/work - 1);
+  const Memory before = Snapshot();
+  EXPECT_THAT(below.Run(session_, req),
+              StatusIs(StatusCode::kResourceExhausted,
+                       "GatherTokens: about 94 elements of work (the sum of its tensors' shapes), "
+                       "above the per-op limit of 93 (--max_op_elements)"));
+  // 2^40 positions of one broadcast element: 4 bytes of buffer, hours of work.
+  req.activations.shape = {2, int64_t{1} << 40, 4};
+  req.activations.strides = {0, 0, 0};
+  core::Executor bounded(&backend_, &registry_, nullptr, 1 << 20, uint64_t{1} << 34);
+  EXPECT_THAT(bounded.Run(session_, req),
+              StatusIs(StatusCode::kResourceExhausted, "GatherTokens: about 8796093022238 "));
+  EXPECT_TRUE(Snapshot() == before) << "a refused op wrote to a buffer";
+
+  // SampleTokens counts L * B * max(S, 1) besides its tensors.
+  core::SampleTokensRequest sample;
+  sample.layers = 3;
+  sample.batch = 5;
+  sample.original_tokens = 7;
+  sample.retained_tokens = 2;
+  EXPECT_EQ(core::EstimateOpWork(sample), 3u * 5 * 7);
+  EXPECT_OK(core::Executor(&backend_, &registry_, nullptr, 1 << 20, 105).Run(session_, sample));
+  EXPECT_THAT(core::Executor(&backend_, &registry_, nullptr, 1 << 20, 104).Run(session_, sample),
+              StatusIs(StatusCode::kResourceExhausted, "SampleTokens: about 105 elements"));
+  sample.original_tokens = 0;
+  sample.retained_tokens = 0;
+  sample.layers = int64_t{1} << 40;  // S = 0 still costs a row each
+  EXPECT_EQ(core::EstimateOpWork(sample), (uint64_t{1} << 40) * 5);
+  sample.batch = int64_t{1} << 40;  // saturates instead of wrapping
+  EXPECT_EQ(core::EstimateOpWork(sample), UINT64_MAX);
+  // SortTokens and ScatterTokens count a bitmap of S bits per row.
+  core::SortTokensRequest sort;
+  sort.ids.shape = {4, 5, 3};
+  sort.original_tokens = 640;
+  EXPECT_EQ(core::EstimateOpWork(sort), 4u * 5 * 3 + 4 * 5 * (640 / 64 + 1));
+  core::ScatterTokensRequest scatter;
+  scatter.all.shape = {int64_t{1} << 40, 2, 0};  // seq-first, no bytes
+  scatter.layer.shape = {3, 2, 0};
+  scatter.indices.shape = {2, 3};
+  scatter.batch_first = false;
+  EXPECT_EQ(core::EstimateOpWork(scatter), 6u + 2 * ((uint64_t{1} << 40) / 64 + 1));
+  // Negative dims count 0 (validation rejects them later with a precise error).
+  req = valid;
+  req.indices.shape = {-2, 3};
+  EXPECT_EQ(core::EstimateOpWork(req), 2u * 8 * 4 + 2 * 3 * 4);
+}
+
 TEST_F(ExecutorErrorsTest, RunAllStopsAtTheFailingOpWithItsPosition) {
   core::GatherTokensRequest gather = ValidGather();
   AddBuffer("sort", 5 * 4);

@@ -1,7 +1,9 @@
 // Server limits, each against its own real server started with a small
 // limit: message size (RESOURCE_EXHAUSTED from gRPC), session expiry
 // (NOT_FOUND), buffers per session, requests in flight (RESOURCE_EXHAUSTED
-// immediately). After each, the server still serves a valid request.
+// immediately), work per op (RESOURCE_EXHAUSTED before it runs), and tiny
+// requests whose metadata asks for huge scratch. After each, the server still
+// serves a valid request.
 #include <atomic>
 #include <string>
 #include <thread>
@@ -30,13 +32,15 @@ TEST_F(LimitsTest, RequestAboveMaxMessageBytesIsResourceExhausted) {
 }
 
 TEST_F(LimitsTest, ExpiredSessionIsNotFound) {
-  StartServer({.extra_args = {"--session_ttl=300ms"}});
+  // 2 s: long enough that the fixture's OpenSession..Register and the first
+  // call below fit inside one lease on a loaded machine.
+  StartServer({.extra_args = {"--session_ttl=2s"}});
   ExpectStillServes();  // renews the lease
   // Bounded wait past the lease (the reaper or the next call ends it).
   absl::Status s;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 60; ++i) {
     absl::SleepFor(absl::Milliseconds(100));
-    if (i < 4) continue;  // at least 500 ms idle
+    if (i < 21) continue;  // at least 2.2 s idle
     v1::ListBuffersResponse resp;
     s = client_->Call(&Stub::ListBuffers, v1::ListBuffersRequest(), &resp);
     if (!s.ok()) break;
@@ -107,6 +111,97 @@ TEST_F(LimitsTest, TooManyInFlightIsResourceExhaustedImmediately) {
   EXPECT_GT(ok.load(), 0);
   EXPECT_GT(exhausted.load(), 0) << "max_inflight=1 never refused a concurrent request";
   EXPECT_EQ(other.load(), 0) << other_error;
+  ExpectStillServes();
+}
+
+TEST_F(LimitsTest, OpAboveMaxOpElementsIsResourceExhaustedBeforeItRuns) {
+  StartServer({.extra_args = {"--max_op_elements=1000000"}});
+  // A few bytes of request, 2^31 - 1 positions of Philox work.
+  v1::SampleTokensRequest sample;
+  sample.set_layers(1);
+  sample.set_batch(1);
+  sample.set_original_tokens((int64_t{1} << 31) - 1);
+  sample.set_retained_tokens(1);
+  v1::OpResponse resp;
+  EXPECT_THAT(client_->Call(&Stub::SampleTokens, sample, &resp),
+              StatusIs(Code::kResourceExhausted,
+                       "SampleTokens: about 2147483647 elements of work (the sum of its tensors' "
+                       "shapes), above the per-op limit of 1000000 (--max_op_elements)"));
+  // A zero-strided view: 4 bytes of the buffer, 2^40 positions.
+  Arena a(kArenaBytes);
+  const Placed idx = a.Place(DType::kInt32, {1, 2});
+  const Placed out = a.Place(DType::kFloat32, {1, 2, 1});
+  v1::GatherTokensRequest gather;
+  *gather.mutable_activations() = idx.Ref("arena");
+  gather.mutable_activations()->set_dtype(v1::DTYPE_FLOAT32);
+  gather.mutable_activations()->clear_shape();
+  gather.mutable_activations()->clear_strides();
+  for (int64_t d : {int64_t{1}, int64_t{1} << 40, int64_t{1}}) {
+    gather.mutable_activations()->add_shape(d);
+    gather.mutable_activations()->add_strides(0);
+  }
+  *gather.mutable_indices() = idx.Ref("arena");
+  *gather.mutable_out() = out.Ref("arena");
+  gather.set_batch_first(true);
+  EXPECT_THAT(client_->Call(&Stub::GatherTokens, gather, &resp),
+              StatusIs(Code::kResourceExhausted, "GatherTokens: about 1099511627780 elements"));
+  ExpectStillServes();
+}
+
+// Metadata that used to size scratch memory: S = 2^31 - 1 for SampleTokens
+// (24 GiB of keys per thread) and a zero-byte `all` of S = 2^39 for
+// ScatterTokens (a 64 GiB uniqueness bitmap): std::bad_alloc took the server
+// down. Both now run in memory proportional to their outputs.
+TEST_F(LimitsTest, HugeSWithTinyTensorsNeedsNoHugeScratch) {
+  StartServer({.extra_args = {"--threads=2"}});
+  Arena a(kArenaBytes);
+  const Placed idx = a.Place(DType::kInt64, {1, 3});
+  const Placed none = a.Place(DType::kFloat32, {1, 3, 1});
+  const int64_t kS = int64_t{1} << 39;  // a 64 GiB bitmap; within --max_op_elements
+  int64_t* ids = reinterpret_cast<int64_t*>(shm_.data() + idx.offset);
+  ids[0] = kS - 1;
+  ids[1] = 0;
+  ids[2] = 123456789;
+  v1::ScatterTokensRequest scatter;
+  auto zero_channels = [&](v1::Tensor* t, std::vector<int64_t> shape) {
+    *t = none.Ref("arena");
+    t->clear_shape();
+    t->clear_strides();
+    for (int64_t d : shape) t->add_shape(d);
+  };
+  zero_channels(scatter.mutable_all(), {1, kS, 0});
+  zero_channels(scatter.mutable_layer(), {1, 3, 0});
+  *scatter.mutable_indices() = idx.Ref("arena");
+  scatter.set_batch_first(true);
+  v1::OpResponse resp;
+  EXPECT_OK(client_->Call(&Stub::ScatterTokens, scatter, &resp));
+  ids[2] = 0;  // a duplicate is still found, by sorting
+  EXPECT_THAT(client_->Call(&Stub::ScatterTokens, scatter, &resp),
+              StatusIs(Code::kInvalidArgument, "indices[0,2] = 0 duplicates indices[0,1]"));
+
+  // SampleTokens over 2^22 + 1 positions with R = 3: the chunked selection
+  // (keys recomputed per pass), checked against the CPU oracle.
+  v1::SampleTokensRequest sample;
+  sample.set_layers(1);
+  sample.set_batch(2);
+  sample.set_original_tokens((int64_t{1} << 22) + 1);
+  sample.set_retained_tokens(3);
+  sample.set_seed(42);
+  v1::OpResponse sampled;
+  ASSERT_OK(client_->Call(&Stub::SampleTokens, sample, &sampled));
+  std::vector<int32_t> want(6);
+  kernels::SampleTokensArgs oracle;
+  oracle.layers = 1;
+  oracle.batch = 2;
+  oracle.original_tokens = sample.original_tokens();
+  oracle.retained_tokens = 3;
+  oracle.seed = 42;
+  oracle.ids = kernels::TensorView::Contiguous(want.data(), DType::kInt32, {1, 2, 3});
+  ASSERT_OK(kernels::cpu::SampleTokens(oracle, nullptr));
+  ASSERT_EQ(sampled.outputs_size(), 1);
+  ASSERT_EQ(sampled.outputs(0).tensor().inline_data().size(), want.size() * sizeof(int32_t));
+  EXPECT_EQ(0, std::memcmp(sampled.outputs(0).tensor().inline_data().data(), want.data(),
+                           want.size() * sizeof(int32_t)));
   ExpectStillServes();
 }
 
