@@ -28,10 +28,15 @@ def _die_with_parent():
 
 
 class Server:
-    def __init__(self, binary, extra_args=()):
+    def __init__(self, binary, extra_args=(), *, replaces=None):
+        """`replaces`: a dead Server whose socket path and shm prefix to reuse
+        (a restart as clients see it)."""
         self.dir = tempfile.TemporaryDirectory(prefix="tokensel-py-")
-        self.target = "unix://%s/tokensel.sock" % self.dir.name
-        self.shm_prefix = "/tokensel-pytest-%d-%d-" % (os.getpid(), id(self) % 100000)
+        if replaces is None:
+            self.target = "unix://%s/tokensel.sock" % self.dir.name
+            self.shm_prefix = "/tokensel-pytest-%d-%d-" % (os.getpid(), id(self) % 100000)
+        else:
+            self.target, self.shm_prefix = replaces.target, replaces.shm_prefix
         self.log_path = os.path.join(self.dir.name, "server.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -61,6 +66,12 @@ class Server:
                         raise RuntimeError("tokensel-server not serving after %.0f s:\n%s"
                                            % (STARTUP_TIMEOUT_S, self.log()))
                     time.sleep(0.05)
+
+    def kill(self):
+        """SIGKILL (no cleanup: the socket file stays) and reap."""
+        self.proc.kill()
+        self.proc.wait()
+        self._log.close()
 
     def stop(self):
         """SIGTERM, then the exit code (SIGKILL after 15 s)."""

@@ -12,7 +12,17 @@ close() (or leaving the `with`) closes the buffers it created and the
 session. Every failure raises a tokensel.TokenselError subclass carrying the
 gRPC status code. Calls are thread-safe; create and close buffers from any
 thread, but not concurrently with close().
+
+Recovery: when the server restarts (or the lease lapsed) the session is gone
+and KeepAlive answers NOT_FOUND. With auto_reopen (the default) the keep-alive
+thread then opens a new session and re-registers every buffer this client
+registered (same names, same shm objects / CUDA allocations), so buffers and
+views stay usable; while the server is unreachable it retries every
+min(lease/3, 1 s). Calls made during the gap raise UnavailableError (server
+down) or NotFoundError (old session id); retry them after
+wait_reopened(). reopen() does the same on demand.
 """
+import collections
 import functools
 import threading
 
@@ -25,6 +35,9 @@ from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
 
 SESSION_KEY = "tokensel-session"
 
+# A registered buffer: where it is mapped here, and how to register it again.
+_Region = collections.namedtuple("_Region", "address size device owner request")
+
 
 class Client:
     """A session with one server. `target`: "unix:///path" or "host:port".
@@ -32,24 +45,34 @@ class Client:
     requested session lease in seconds (None = the server default)."""
 
     def __init__(self, target="unix:///tmp/tokensel.sock", *, client_name="tokensel-python",
-                 timeout=30.0, lease_ttl=None, max_message_bytes=64 << 20, keepalive=True):
+                 timeout=30.0, lease_ttl=None, max_message_bytes=64 << 20, keepalive=True,
+                 auto_reopen=True):
         self.target = target
         self.timeout = timeout
+        self.auto_reopen = auto_reopen
+        self._client_name = client_name
+        self._requested_lease_ms = int((lease_ttl or 0) * 1000)
         options = [("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.max_receive_message_length", max_message_bytes)]
+                   ("grpc.max_receive_message_length", max_message_bytes),
+                   # Reconnect promptly after a server restart (gRPC's default
+                   # backoff grows to 120 s).
+                   ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 5000)]
         self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.TokenSelectStub(self._channel)
         self._lock = threading.Lock()
-        self._regions = {}  # buffer name -> (address, size, device, owner)
+        # buffer name -> _Region(address, size, device, owner, request)
+        self._regions = {}
         self._stop = threading.Event()
+        self._reopened = threading.Condition()
+        self.reopen_count = 0  # sessions re-opened (guarded by _reopened)
         self._keepalive_thread = None
         self.keepalive_error = None  # last KeepAlive failure, if any
         self.session_id = None
         self.ops = OpBuilder(self._find_region)
         try:
             self.server_info = self.call("GetServerInfo", pb.GetServerInfoRequest(), session=False)
-            opened = self.call("OpenSession", pb.OpenSessionRequest(
-                client_name=client_name, lease_ttl_ms=int((lease_ttl or 0) * 1000)), session=False)
+            opened = self._open_session()
         except BaseException:
             self._channel.close()
             raise
@@ -75,22 +98,73 @@ class Client:
         except grpc.RpcError as err:
             raise errors.from_rpc_error(err) from None
 
+    def _open_session(self):
+        return self.call("OpenSession", pb.OpenSessionRequest(
+            client_name=self._client_name, lease_ttl_ms=self._requested_lease_ms), session=False)
+
     def _keepalive_loop(self):
         interval = max(self.lease_ttl / 3.0, 0.05)
-        while not self._stop.wait(interval):
+        wait = interval
+        while not self._stop.wait(wait):
             try:
                 self.call("KeepAlive", pb.KeepAliveRequest(), timeout=interval)
                 self.keepalive_error = None
-            except errors.NotFoundError as err:  # the session is gone for good
+                wait = interval
+                continue
+            except errors.NotFoundError as err:  # the session is gone (restart or lapse)
                 self.keepalive_error = err
-                return
-            except errors.TokenselError as err:  # transient: try again next tick
+                if not self.auto_reopen:
+                    return
+            except errors.TokenselError as err:  # server unreachable: retry soon
                 self.keepalive_error = err
+                wait = min(interval, 1.0)
+                continue
+            try:
+                self.reopen()
+                self.keepalive_error = None
+                wait = interval
+            except errors.TokenselError as err:
+                self.keepalive_error = err
+                wait = min(interval, 1.0)
+
+    def reopen(self):
+        """Opens a new session and re-registers this client's buffers under
+        their names (the old session, if it still exists, is left to its
+        lease). Called by the keep-alive thread when the session is gone;
+        raises the first failure (the next attempt starts over)."""
+        if self.session_id is None:
+            raise errors.FailedPreconditionError("the client is closed")
+        opened = self._open_session()
+        with self._lock:
+            self.session_id = opened.session_id
+            self.lease_ttl = opened.lease_ttl_ms / 1000.0
+            regions = list(self._regions.values())
+        for region in regions:
+            name = region.request.name
+            try:
+                self.call("RegisterBuffer", region.request)
+            except errors.AlreadyExistsError:  # registered meanwhile by _register
+                continue
+            with self._lock:
+                closed_meanwhile = name not in self._regions
+            if closed_meanwhile:  # its close() unregistered before we re-registered
+                self.call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
+        with self._reopened:
+            self.reopen_count += 1
+            self._reopened.notify_all()
+
+    def wait_reopened(self, count=1, timeout=None):
+        """Waits until at least `count` re-opens happened (reopen_count);
+        returns whether they did within `timeout` seconds."""
+        with self._reopened:
+            return self._reopened.wait_for(lambda: self.reopen_count >= count, timeout)
 
     def _find_region(self, address, extent, device):
         with self._lock:
-            for name, (base, size, region_device, _) in self._regions.items():
-                if device == region_device and base <= address and address + extent <= base + size:
+            for name, region in self._regions.items():
+                base = region.address
+                if (device == region.device and base <= address
+                        and address + extent <= base + region.size):
                     return name, base
         return None
 
@@ -113,9 +187,9 @@ class Client:
         if self._keepalive_thread is not None:
             self._keepalive_thread.join()
         first_error = None
-        for _, _, _, owner in list(self._regions.values()):
+        for region in list(self._regions.values()):
             try:
-                owner.close()
+                region.owner.close()
             except errors.TokenselError as err:
                 first_error = first_error or err
         try:
@@ -146,7 +220,7 @@ class Client:
         try:
             self._register(name, pb.RegisterBufferRequest(
                 name=name, host_shm=pb.HostShm(shm_name=region.shm_name, size=region.size)),
-                (region.address, region.size, "cpu", buf))
+                region.address, region.size, "cpu", buf)
         except BaseException:
             region.close()
             raise
@@ -162,13 +236,13 @@ class Client:
         buf = cuda_ipc.CudaBuffer(self, name, spec)
         self._register(name, pb.RegisterBufferRequest(name=name, cuda_ipc=pb.CudaIpc(
             handle=spec.handle, device_uuid=spec.device_uuid, offset=spec.offset, size=spec.size)),
-            (spec.address, spec.size, spec.device, buf))
+            spec.address, spec.size, spec.device, buf)
         return buf
 
-    def _register(self, name, request, region):
+    def _register(self, name, request, address, size, device, owner):
         self.call("RegisterBuffer", request)
         with self._lock:
-            self._regions[name] = region
+            self._regions[name] = _Region(address, size, device, owner, request)
 
     def _unregister(self, buf):
         with self._lock:
