@@ -23,7 +23,7 @@ Admission::Admission(uint32_t max_inflight, ServiceMetrics* metrics)
 
 absl::StatusOr<Admission::Ticket> Admission::Admit() {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("server: shutting down, not accepting requests");
     if (inflight_ >= max_inflight_) {
       return absl::ResourceExhaustedError(
@@ -37,25 +37,25 @@ absl::StatusOr<Admission::Ticket> Admission::Admit() {
 }
 
 void Admission::Release() {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   --inflight_;
   if (metrics_ != nullptr) metrics_->SetInflight(inflight_);
 }
 
 bool Admission::Drain(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   draining_ = true;
   auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return inflight_ == 0; };
-  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  return mu_.AwaitWithTimeout(idle, timeout);
 }
 
 bool Admission::draining() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return draining_;
 }
 
 uint32_t Admission::inflight() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return inflight_;
 }
 

@@ -12,8 +12,8 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 
 namespace tokensel::core {
 
@@ -49,7 +49,7 @@ class Admission {
 
   const uint32_t max_inflight_;
   ServiceMetrics* const metrics_;
-  mutable absl::Mutex mu_;
+  mutable tokensel::Mutex mu_;
   uint32_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -76,7 +76,7 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
     return absl::OkStatus();
   };
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (absl::Status s = check_locked(); !s.ok()) return s;
   }
 
@@ -91,7 +91,7 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
 
   absl::Status race;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     race = check_locked();
     if (race.ok()) {
       buffers_.emplace(key, std::move(buffer));
@@ -112,7 +112,7 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
 absl::Status BufferRegistry::Unregister(const std::string& session, const std::string& name) {
   BufferLease released;  // the mapping may be dropped here, outside the lock
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     auto it = buffers_.find(Key(session, name));
     if (it == buffers_.end()) {
       return absl::NotFoundError(
@@ -136,7 +136,7 @@ absl::Status BufferRegistry::Unregister(const std::string& session, const std::s
 
 absl::StatusOr<BufferLease> BufferRegistry::Acquire(const std::string& session,
                                                     const std::string& name) const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   auto it = buffers_.find(Key(session, name));
   if (it != buffers_.end()) return it->second;
   if (owners_.count(name) != 0) {
@@ -148,7 +148,7 @@ absl::StatusOr<BufferLease> BufferRegistry::Acquire(const std::string& session,
 
 std::vector<BufferInfo> BufferRegistry::List(const std::string& session) const {
   std::vector<BufferInfo> out;
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   // Keys are ordered by (session, name): the session's buffers are one run,
   // already sorted by name.
   for (auto it = buffers_.lower_bound(Key(session, std::string()));
@@ -161,7 +161,7 @@ std::vector<BufferInfo> BufferRegistry::List(const std::string& session) const {
 void BufferRegistry::UnregisterAll(const std::string& session) {
   std::vector<BufferLease> released;  // dropped outside the lock
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     auto it = buffers_.lower_bound(Key(session, std::string()));
     while (it != buffers_.end() && it->first.first == session) {
       const std::string& name = it->first.second;
@@ -185,12 +185,12 @@ void BufferRegistry::UnregisterAll(const std::string& session) {
 }
 
 size_t BufferRegistry::buffer_count() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return buffers_.size();
 }
 
 uint64_t BufferRegistry::registered_bytes() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return registered_bytes_;
 }
 

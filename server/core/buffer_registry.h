@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "server/core/region.h"
 
 namespace tokensel::core {
@@ -79,7 +79,7 @@ class BufferRegistry {
   RegionMapper* const cuda_ipc_;
   const uint32_t max_buffers_per_session_;
   ServiceMetrics* const metrics_;
-  mutable absl::Mutex mu_;
+  mutable tokensel::Mutex mu_;
   std::map<Key, BufferLease> buffers_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::string> owners_ ABSL_GUARDED_BY(mu_);  // name -> session
   std::map<std::string, uint32_t> per_session_ ABSL_GUARDED_BY(mu_);

@@ -13,17 +13,16 @@ namespace {
 
 // The `op` label values, pre-created so every series exists from start-up.
 constexpr absl::string_view kOpNames[] = {
-    "SortTokens",     "GatherTokens",   "ScatterTokens", "GatherBertMask",
-    "SliceGptMask",   "SegmentSeqlens", "SampleTokens",  "TopKTokens",
+    "SortTokens",   "GatherTokens",   "ScatterTokens", "GatherBertMask",
+    "SliceGptMask", "SegmentSeqlens", "SampleTokens",  "TopKTokens",
 };
 
 }  // namespace
 
 const std::vector<double>& ServiceMetrics::LatencyBuckets() {
   static const std::vector<double> buckets = {
-      10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,  // microseconds
-      1e-3,  2.5e-3, 5e-3, 10e-3,  25e-3,  50e-3,  100e-3, 250e-3, 500e-3,
-      1.0,   2.5,    5.0,  10.0};
+      10e-6, 25e-6,  50e-6, 100e-6, 250e-6, 500e-6,  // microseconds
+      1e-3,  2.5e-3, 5e-3,  10e-3,  25e-3,  50e-3,  100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0};
   return buckets;
 }
 
@@ -35,8 +34,9 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
                       .Register(*registry_);
   rpc_duration_ = &prometheus::BuildHistogram()
                        .Name("tokensel_rpc_duration_seconds")
-                       .Help("Server-side latency of an RPC, by method and status code, in "
-                             "seconds.")
+                       .Help(
+                           "Server-side latency of an RPC, by method and status code, in "
+                           "seconds.")
                        .Register(*registry_);
   requests_ = &prometheus::BuildCounter()
                    .Name("tokensel_requests_total")
@@ -49,8 +49,8 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
   auto gauge = [this](const char* name, const char* help) -> prometheus::Gauge& {
     return prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add({});
   };
-  registered_buffers_ = &gauge("tokensel_registered_buffers",
-                               "Buffers currently registered, across all sessions.");
+  registered_buffers_ =
+      &gauge("tokensel_registered_buffers", "Buffers currently registered, across all sessions.");
   registered_bytes_ = &gauge("tokensel_registered_bytes",
                              "Bytes of the buffers currently registered, across all sessions.");
   sessions_ = &gauge("tokensel_sessions", "Sessions currently open.");
@@ -62,11 +62,11 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
       .Add({{"version", std::string(version)}, {"backend", backend_}})
       .Set(1);
 
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   for (absl::string_view op : kOpNames) {
     const std::string name(op);
-    op_hist_.emplace(name, &op_duration_->Add({{"op", name}, {"backend", backend_}},
-                                              LatencyBuckets()));
+    op_hist_.emplace(name,
+                     &op_duration_->Add({{"op", name}, {"backend", backend_}}, LatencyBuckets()));
     op_bytes_.emplace(name, &bytes_moved_->Add({{"op", name}}));
   }
 }
@@ -75,10 +75,10 @@ ServiceMetrics::~ServiceMetrics() = default;
 
 prometheus::Histogram& ServiceMetrics::OpHistogram(absl::string_view op) {
   {
-    absl::ReaderMutexLock lock(&mu_);
+    tokensel::ReaderMutexLock lock(&mu_);
     if (auto it = op_hist_.find(op); it != op_hist_.end()) return *it->second;
   }
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   const std::string name(op);
   auto [it, inserted] = op_hist_.try_emplace(name, nullptr);
   if (inserted) {
@@ -89,10 +89,10 @@ prometheus::Histogram& ServiceMetrics::OpHistogram(absl::string_view op) {
 
 prometheus::Counter& ServiceMetrics::BytesCounter(absl::string_view op) {
   {
-    absl::ReaderMutexLock lock(&mu_);
+    tokensel::ReaderMutexLock lock(&mu_);
     if (auto it = op_bytes_.find(op); it != op_bytes_.end()) return *it->second;
   }
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   const std::string name(op);
   auto [it, inserted] = op_bytes_.try_emplace(name, nullptr);
   if (inserted) it->second = &bytes_moved_->Add({{"op", name}});
@@ -104,16 +104,15 @@ void ServiceMetrics::ObserveOp(absl::string_view op, double seconds, uint64_t by
   BytesCounter(op).Increment(static_cast<double>(bytes_moved));
 }
 
-void ServiceMetrics::ObserveRpc(absl::string_view method, absl::string_view code,
-                                double seconds) {
+void ServiceMetrics::ObserveRpc(absl::string_view method, absl::string_view code, double seconds) {
   const std::pair<std::string, std::string> key{std::string(method), std::string(code)};
   std::pair<prometheus::Histogram*, prometheus::Counter*> series(nullptr, nullptr);
   {
-    absl::ReaderMutexLock lock(&mu_);
+    tokensel::ReaderMutexLock lock(&mu_);
     if (auto it = rpc_.find(key); it != rpc_.end()) series = it->second;
   }
   if (series.first == nullptr) {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     auto [it, inserted] = rpc_.try_emplace(key, nullptr, nullptr);
     if (inserted) {
       const prometheus::Labels labels = {{"method", key.first}, {"code", key.second}};

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace prometheus {
 class Registry;
@@ -71,10 +71,11 @@ class ServiceMetrics {
   prometheus::Gauge* sessions_;
   prometheus::Gauge* inflight_;
 
-  absl::Mutex mu_;
+  tokensel::Mutex mu_;
   std::map<std::string, prometheus::Histogram*, std::less<>> op_hist_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Counter*, std::less<>> op_bytes_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, std::pair<prometheus::Histogram*, prometheus::Counter*>>
+  std::map<std::pair<std::string, std::string>,
+           std::pair<prometheus::Histogram*, prometheus::Counter*>>
       rpc_ ABSL_GUARDED_BY(mu_);
 };
 

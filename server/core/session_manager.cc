@@ -44,7 +44,7 @@ absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
   SessionInfo info;
   absl::Status status;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     const absl::Time now = clock_();
     if (sessions_.size() >= max_sessions_) {
       // Make room from sessions whose lease has run out before refusing.
@@ -77,7 +77,7 @@ absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
 absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_id) {
   absl::Duration ttl;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) {
       return absl::NotFoundError("session: unknown session (closed, expired or never opened)");
@@ -99,7 +99,7 @@ absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_
 
 absl::Status SessionManager::Close(const std::string& session_id) {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (sessions_.erase(session_id) == 0) {
       return absl::NotFoundError("session: unknown session (closed, expired or never opened)");
     }
@@ -112,7 +112,7 @@ absl::Status SessionManager::Close(const std::string& session_id) {
 int SessionManager::ReapExpired() {
   std::vector<std::string> expired;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     const absl::Time now = clock_();
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       if (it->second.deadline <= now) {
@@ -134,7 +134,7 @@ int SessionManager::ReapExpired() {
 void SessionManager::CloseAll() {
   std::vector<std::string> ids;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     for (const auto& [id, entry] : sessions_) ids.push_back(id);
     sessions_.clear();
     UpdateGaugeLocked();
@@ -143,7 +143,7 @@ void SessionManager::CloseAll() {
 }
 
 size_t SessionManager::count() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return sessions_.size();
 }
 

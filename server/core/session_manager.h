@@ -18,8 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 
 namespace tokensel::core {
 
@@ -67,7 +67,7 @@ class SessionManager {
   const EndCallback on_end_;
   ServiceMetrics* const metrics_;
   const Clock clock_;
-  mutable absl::Mutex mu_;
+  mutable tokensel::Mutex mu_;
   std::map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
