@@ -1,0 +1,72 @@
+// WorkerProcess: a child process (the load worker) whose stdin is a pipe the
+// parent holds and whose stdout is read line by line by a reader thread;
+// stderr is inherited, so the child's diagnostics land in the test log.
+//
+//   ASSIGN_OR_RETURN(auto w, WorkerProcess::Start({binary, "--hold", ...}));
+//   ASSIGN_OR_RETURN(std::string line, w->WaitForLine("LOAD-WORKER ready", deadline));
+//   w->CloseStdin();                                  // EOF: the worker goes on
+//   ASSIGN_OR_RETURN(int code, w->WaitForExit(deadline));
+//
+// The child gets PR_SET_PDEATHSIG=SIGKILL (call Start from a thread that
+// outlives it) and only the two pipe ends (O_CLOEXEC elsewhere), so no child
+// keeps another child's stdin open. The destructor SIGKILLs a child still
+// running, reaps it and joins the reader. Thread-safety: WaitForLine and
+// Lines may be called from any thread; the rest from the owning thread.
+#ifndef TOKENSEL_TESTS_LOAD_WORKER_PROCESS_H_
+#define TOKENSEL_TESTS_LOAD_WORKER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tokensel::load {
+
+class WorkerProcess {
+ public:
+  // argv[0] is the binary's path.
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(const std::vector<std::string>& argv);
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  // The first stdout line starting with `prefix` (waiting for it);
+  // DEADLINE_EXCEEDED at `deadline`, NOT_FOUND if stdout ended without it.
+  absl::StatusOr<std::string> WaitForLine(absl::string_view prefix, absl::Time deadline) const;
+  // Every stdout line so far.
+  std::vector<std::string> Lines() const;
+
+  // Closes the child's stdin (EOF). Idempotent.
+  void CloseStdin();
+  // The exit code; INTERNAL naming the signal if killed; DEADLINE_EXCEEDED
+  // if still running at `deadline` (polls waitpid).
+  absl::StatusOr<int> WaitForExit(absl::Time deadline);
+
+ private:
+  WorkerProcess() = default;
+  void ReadLoop(int fd);
+
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  std::optional<int> wait_status_;
+  std::thread reader_;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tokensel::load
+
+#endif  // TOKENSEL_TESTS_LOAD_WORKER_PROCESS_H_
