@@ -1,5 +1,8 @@
 // Session against a real tokensel-server: lifecycle, keep-alive past the
-// lease, and Reopen after the server restarts on the same socket.
+// lease, manual Reopen after the server restarts on the same socket, and the
+// automatic re-open (after a SIGKILLed server is replaced, and after the
+// lease runs out), with ops on the re-registered shm buffer checked against
+// the CPU oracle (kernels/cpu).
 #include "tokensel/client/session.h"
 
 #include <signal.h>
@@ -8,12 +11,17 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "tests/server/integration/client_util.h"
+#include "tests/testing/http_get.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tokensel/client/client.h"
@@ -38,6 +46,84 @@ Client ConnectTo(const std::string& target, absl::Duration deadline = absl::Seco
   absl::StatusOr<Client> client = Client::Connect(target, {.deadline = deadline});
   EXPECT_OK(client.status());
   return *client;
+}
+
+// A unix socket path that outlives one server process, so that a restarted
+// server is reachable under the same target.
+class StableSocket {
+ public:
+  StableSocket() {
+    char dir_template[] = "/tmp/tokensel-ct-XXXXXX";
+    if (mkdtemp(dir_template) == nullptr) {
+      ADD_FAILURE() << "mkdtemp: " << std::strerror(errno);
+      return;
+    }
+    dir_ = dir_template;
+    path_ = dir_ + "/stable.sock";
+  }
+  ~StableSocket() {  // a SIGKILLed server leaves its socket file behind
+    unlink(path_.c_str());
+    rmdir(dir_.c_str());
+  }
+  std::string target() const { return "unix://" + path_; }
+  std::vector<std::string> args() const { return {"--listen=" + target()}; }
+
+ private:
+  std::string dir_, path_;
+};
+
+// A GatherTokens of activations and indices that live in registered buffer
+// `buffer` (a shm region), with the output inline; Expected() runs the CPU
+// oracle on the region's current bytes.
+struct GatherCase {
+  static constexpr int64_t kB = 2, kS = 64, kC = 16, kR = 24;
+
+  explicit GatherCase(std::string buffer, uint64_t region_bytes) : arena(region_bytes) {
+    act = arena.Place(kernels::DType::kFloat32, {kB, kS, kC});
+    idx = arena.Place(kernels::DType::kInt32, {kB, kR});
+    *req.mutable_activations() = act.Ref(buffer);
+    *req.mutable_indices() = idx.Ref(buffer);
+    *req.mutable_out() = TensorRef::InlineOutput().ToProto();
+    req.set_batch_first(true);
+  }
+  // New random activations and indices in the region.
+  void Fill(uint8_t* base, std::mt19937_64& rng) const {
+    itest::FillBytes(base + act.offset, act.extent_bytes, rng);
+    itest::FillIndices(idx.View(base), kS, /*unique=*/false, rng);
+  }
+  std::vector<float> Expected(uint8_t* base) const {
+    std::vector<float> out(kB * kR * kC);
+    const itest::Placed local_out =
+        itest::Arena(out.size() * sizeof(float)).Place(kernels::DType::kFloat32, {kB, kR, kC});
+    const absl::Status status = kernels::cpu::GatherTokens(
+        {act.View(base), idx.View(base),
+         local_out.View(reinterpret_cast<uint8_t*>(out.data())), true},
+        nullptr);
+    EXPECT_OK(status);
+    return out;
+  }
+
+  itest::Arena arena;
+  itest::Placed act, idx;
+  v1::GatherTokensRequest req;
+};
+
+// The gathered floats of `response`, compared bytewise (random bytes may be
+// NaNs) with the oracle's.
+void ExpectSameFloats(const absl::StatusOr<v1::OpResponse>& response,
+                      const std::vector<float>& expected) {
+  ASSERT_OK(response.status());
+  absl::StatusOr<std::vector<float>> got = OutputValues<float>(*response, "out");
+  ASSERT_OK(got.status());
+  ASSERT_EQ(got->size(), expected.size());
+  EXPECT_EQ(0, std::memcmp(got->data(), expected.data(), expected.size() * sizeof(float)));
+}
+
+std::optional<double> Gauge(const ServerProcess& server, absl::string_view series) {
+  absl::StatusOr<::tokensel::testing::HttpResponse> page =
+      ::tokensel::testing::HttpGet(server.metrics_port(), "/metrics");
+  if (!page.ok()) return std::nullopt;
+  return ::tokensel::testing::MetricValue(page->body, series);
 }
 
 TEST(SessionTest, OpenUseClose) {
@@ -67,6 +153,9 @@ TEST(SessionTest, OpenUseClose) {
   EXPECT_OK((*session)->Close());
   EXPECT_OK((*session)->Close());  // idempotent
   EXPECT_THAT(client.WithSession(id).ListBuffers().status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*session)->WaitUntilOpen(absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT((*session)->Reopen(), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(SessionTest, KeepAliveOutlivesTheLease) {
@@ -78,11 +167,16 @@ TEST(SessionTest, KeepAliveOutlivesTheLease) {
   absl::StatusOr<std::unique_ptr<Session>> idle = Session::Open(client, {.keep_alive = false});
   ASSERT_OK(idle.status());
   EXPECT_EQ((*kept)->lease_ttl(), absl::Milliseconds(600));
+  // A renewal begun after the call succeeds.
+  EXPECT_OK((*kept)->WaitUntilOpen(absl::Seconds(20)));
+  EXPECT_THAT((*idle)->WaitUntilOpen(absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "keep_alive"));
 
   absl::SleepFor(absl::Milliseconds(2000));  // > 3 leases, no other traffic
   EXPECT_OK((*kept)->client().ListBuffers().status());
   EXPECT_GE((*kept)->keep_alive_count(), 4);  // every ~200 ms
   EXPECT_OK((*kept)->last_keep_alive_status());
+  EXPECT_EQ((*kept)->reopen_count(), 0);
   EXPECT_THAT((*idle)->client().ListBuffers().status(), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ((*idle)->keep_alive_count(), 0);
 }
@@ -111,25 +205,14 @@ TEST(SessionTest, RegistrationsAreRemembered) {
 // The server dies (SIGKILL: no cleanup) and a new one starts on the same
 // socket path. The old session is gone (NOT_FOUND); Reopen opens a new one
 // and re-registers the buffer, and an op on it sees the region's bytes.
+// auto_reopen is off so that the NOT_FOUND is deterministic.
 TEST(SessionTest, ReopenAfterServerRestart) {
-  char dir_template[] = "/tmp/tokensel-ct-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr) << std::strerror(errno);
-  const std::string dir = dir_template;
-  const std::string socket_path = dir + "/stable.sock";
-  struct RemoveDir {  // a SIGKILLed server leaves its socket file behind
-    ~RemoveDir() {
-      unlink(socket.c_str());
-      rmdir(dir.c_str());
-    }
-    std::string socket, dir;
-  } remove_dir{socket_path, dir};
-  const std::string target = "unix://" + socket_path;
-  const std::vector<std::string> args = {"--listen=" + target};
-
-  std::unique_ptr<ServerProcess> server = StartServer(args);
+  const StableSocket socket;
+  std::unique_ptr<ServerProcess> server = StartServer(socket.args());
   ASSERT_NE(server, nullptr);
-  const Client client = ConnectTo(target, absl::Seconds(20));
-  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(client);
+  const Client client = ConnectTo(socket.target(), absl::Seconds(20));
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      Session::Open(client, {.auto_reopen = false});
   ASSERT_OK(session.status());
   absl::StatusOr<SharedRegion> region =
       SharedRegion::Create(SharedRegion::UniqueName(server->shm_prefix(), "reopen"), 4096,
@@ -153,13 +236,14 @@ TEST(SessionTest, ReopenAfterServerRestart) {
   ASSERT_OK(server->Signal(SIGKILL));
   EXPECT_THAT(server->WaitForExit(absl::Seconds(10)).status(),
               StatusIs(absl::StatusCode::kInternal, "signal 9"));
-  server = StartServer(args);
+  server = StartServer(socket.args());
   ASSERT_NE(server, nullptr);
 
   EXPECT_THAT((*session)->client().GatherTokens(req).status(),
               StatusIs(absl::StatusCode::kNotFound));
   ASSERT_OK((*session)->Reopen());
   EXPECT_NE((*session)->id(), old_id);
+  EXPECT_EQ((*session)->reopen_count(), 1);
   absl::StatusOr<v1::ListBuffersResponse> buffers = (*session)->client().ListBuffers();
   ASSERT_OK(buffers.status());
   ASSERT_EQ(buffers->buffers_size(), 1);
@@ -170,6 +254,102 @@ TEST(SessionTest, ReopenAfterServerRestart) {
 
   session->reset();
   server.reset();
+}
+
+// The same restart with no Reopen() call: while no server listens, a call
+// with wait_for_ready off fails UNAVAILABLE and the session cannot be
+// confirmed open; once a new server listens on the same path the keep-alive
+// thread re-opens and re-registers by itself, and ops on the re-registered
+// buffer (fresh data written by the owner) match the oracle.
+TEST(SessionTest, ReopensByItselfAfterServerRestart) {
+  const StableSocket socket;
+  std::unique_ptr<ServerProcess> server = StartServer(socket.args());
+  ASSERT_NE(server, nullptr);
+  const Client client = ConnectTo(socket.target(), absl::Seconds(20));
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      Session::Open(client, {.keep_alive_interval = absl::Milliseconds(100)});
+  ASSERT_OK(session.status());
+  constexpr uint64_t kRegionBytes = 64 << 10;
+  absl::StatusOr<SharedRegion> region =
+      SharedRegion::Create(SharedRegion::UniqueName(server->shm_prefix(), "auto"), kRegionBytes,
+                           {.required_prefix = server->shm_prefix()});
+  ASSERT_OK(region.status());
+  std::mt19937_64 rng(7);
+  const GatherCase gather("acts", kRegionBytes);
+  gather.Fill(region->data(), rng);
+  ASSERT_OK((*session)->RegisterBuffer(region->RegisterRequest("acts")).status());
+  ExpectSameFloats((*session)->client().GatherTokens(gather.req), gather.Expected(region->data()));
+
+  const std::string old_id = (*session)->id();
+  ASSERT_OK(server->Signal(SIGKILL));
+  EXPECT_THAT(server->WaitForExit(absl::Seconds(10)).status(),
+              StatusIs(absl::StatusCode::kInternal, "signal 9"));
+  EXPECT_THAT((*session)->client().WithWaitForReady(false).GatherTokens(gather.req).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  // Nothing answers, so no renewal can succeed.
+  EXPECT_THAT((*session)->WaitUntilOpen(absl::Milliseconds(600)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, "not confirmed open"));
+  EXPECT_EQ((*session)->reopen_count(), 0);
+  EXPECT_FALSE((*session)->last_keep_alive_status().ok());
+
+  server = StartServer(socket.args());
+  ASSERT_NE(server, nullptr);
+  ASSERT_OK((*session)->WaitUntilOpen(absl::Seconds(30)));
+  EXPECT_EQ((*session)->reopen_count(), 1);
+  EXPECT_OK((*session)->last_reopen_status());
+  EXPECT_NE((*session)->id(), old_id);
+  absl::StatusOr<v1::ListBuffersResponse> buffers = (*session)->client().ListBuffers();
+  ASSERT_OK(buffers.status());
+  ASSERT_EQ(buffers->buffers_size(), 1);
+  EXPECT_EQ(buffers->buffers(0).name(), "acts");
+  EXPECT_EQ(buffers->buffers(0).size(), kRegionBytes);
+  EXPECT_EQ(Gauge(*server, "tokensel_sessions"), 1.0);
+  EXPECT_EQ(Gauge(*server, "tokensel_registered_buffers"), 1.0);
+  EXPECT_EQ(Gauge(*server, "tokensel_registered_bytes"), static_cast<double>(kRegionBytes));
+
+  gather.Fill(region->data(), rng);  // the new server reads the live region
+  ExpectSameFloats((*session)->client().GatherTokens(gather.req), gather.Expected(region->data()));
+  EXPECT_OK((*session)->Close());
+  EXPECT_EQ(Gauge(*server, "tokensel_sessions"), 0.0);
+}
+
+// A lease that runs out between renewals (interval > lease): the renewal
+// finds the session gone and the thread re-opens it with its buffer; with
+// auto_reopen off the session stays lost.
+TEST(SessionTest, ReopensByItselfAfterTheLeaseRanOut) {
+  std::unique_ptr<ServerProcess> server = StartServer({"--session_ttl=1s"});
+  ASSERT_NE(server, nullptr);
+  const Client client = ConnectTo(server->unix_target());
+  const SessionOptions slow = {.keep_alive_interval = absl::Milliseconds(2500)};
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(client, slow);
+  ASSERT_OK(session.status());
+  SessionOptions manual = slow;
+  manual.auto_reopen = false;
+  absl::StatusOr<std::unique_ptr<Session>> stays_lost = Session::Open(client, manual);
+  ASSERT_OK(stays_lost.status());
+  constexpr uint64_t kRegionBytes = 64 << 10;
+  absl::StatusOr<SharedRegion> region =
+      SharedRegion::Create(SharedRegion::UniqueName(server->shm_prefix(), "lease"), kRegionBytes,
+                           {.required_prefix = server->shm_prefix()});
+  ASSERT_OK(region.status());
+  std::mt19937_64 rng(11);
+  const GatherCase gather("acts", kRegionBytes);
+  gather.Fill(region->data(), rng);
+  ASSERT_OK((*session)->RegisterBuffer(region->RegisterRequest("acts")).status());
+  const std::string old_id = (*session)->id();
+
+  // The first renewal (2.5 s after Open, past the 1 s lease) answers
+  // NOT_FOUND; the re-open is part of the same attempt.
+  ASSERT_OK((*session)->WaitUntilOpen(absl::Seconds(30)));
+  EXPECT_GE((*session)->reopen_count(), 1);
+  EXPECT_NE((*session)->id(), old_id);
+  ExpectSameFloats((*session)->client().GatherTokens(gather.req), gather.Expected(region->data()));
+
+  EXPECT_THAT((*stays_lost)->WaitUntilOpen(absl::Seconds(3)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ((*stays_lost)->reopen_count(), 0);
+  EXPECT_THAT((*stays_lost)->last_keep_alive_status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK((*stays_lost)->Close());  // NOT_FOUND of a lost session is not an error
 }
 
 }  // namespace

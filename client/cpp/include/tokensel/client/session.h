@@ -1,25 +1,51 @@
-// Session: an RAII tokensel session with a background keep-alive.
+// Session: an RAII tokensel session with a background keep-alive that
+// re-opens the session by itself after a server restart.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(client));
 //   ASSIGN_OR_RETURN(SharedRegion region, SharedRegion::Create(name, bytes));
 //   RETURN_IF_ERROR(session->RegisterBuffer(region.RegisterRequest("acts")).status());
-//   ASSIGN_OR_RETURN(v1::OpResponse r, session->client().GatherTokens(request));
+//   absl::StatusOr<v1::OpResponse> r = session->client().GatherTokens(request);
+//   if (absl::IsNotFound(r.status()) || absl::IsUnavailable(r.status())) {
+//     RETURN_IF_ERROR(session->WaitUntilOpen(absl::Seconds(30)));  // then retry
+//   }
 //   // ~Session: keep-alive stops, CloseSession (the server unregisters all).
 //
 // Open() calls OpenSession; a thread then calls KeepAlive every
 // keep_alive_interval (default: a third of the granted lease) until Close()
 // or destruction. Every call made through client() carries the session id.
 //
-// After a server restart the session is gone: calls fail with NOT_FOUND
-// (unknown session) or UNAVAILABLE. Reopen() opens a new session on the same
-// client and re-registers every buffer registered through RegisterBuffer()
-// (and not unregistered through UnregisterBuffer()), in registration order;
-// the shm objects / CUDA allocations must still exist.
+// Recovery. A server restart (or a lease that ran out) loses the session:
+// calls fail with NOT_FOUND (unknown session), or UNAVAILABLE /
+// DEADLINE_EXCEEDED while no server answers. With auto_reopen (the default;
+// needs keep_alive) the keep-alive thread recovers by itself:
+//  - while the server is unreachable its renewals fail (with wait_for_ready
+//    each KeepAlive waits for the channel, bounded by min(client deadline,
+//    interval)) and it retries every min(interval, kRetryInterval);
+//  - as soon as a server answers the renewal with NOT_FOUND, the thread
+//    re-opens at once: OpenSession, then every buffer registered through
+//    RegisterBuffer() (and not unregistered through UnregisterBuffer()) is
+//    re-registered in registration order; the shm objects / CUDA allocations
+//    must still exist. The new id is published (id(), client()) only after
+//    the re-registrations, so a call through client() sees either the old id
+//    (NOT_FOUND) or the new one with its buffers. If OpenSession fails the
+//    thread retries after the next renewal that answers NOT_FOUND (so a
+//    re-open never waits for an unreachable server); if a re-registration
+//    fails the new session is kept
+//    without that buffer (and those after it), the error is kept in
+//    last_reopen_status(), and no retry follows until the session is lost
+//    again (a Reopen() call retries).
+// Reopen() does the same on demand (it first closes the old id, best
+// effort). reopen_count() counts the re-opens that opened a new session.
+// Streams (client().OpenStream()) are bound to the id they were opened with
+// and are not re-opened.
 //
-// Thread-safety: all methods may be called concurrently. client() returns a
-// snapshot, so a call racing with Reopen() may still use the old id; id(),
-// client() and the registration methods wait while Reopen() runs (it holds
-// the session's lock across its RPCs, each bounded by the client deadline).
+// Thread-safety: all methods may be called concurrently. id(), lease_ttl(),
+// client() and the counters never wait for an RPC; client() returns a
+// snapshot. Reopen() (manual or automatic), RegisterBuffer() and
+// UnregisterBuffer() are serialized with one another and hold that lock
+// across their RPCs (each bounded by the client deadline), so no
+// registration is lost by a concurrent re-open. Close() stops the
+// keep-alive thread first and so may wait for a re-open in progress.
 #ifndef TOKENSEL_CLIENT_SESSION_H_
 #define TOKENSEL_CLIENT_SESSION_H_
 
@@ -29,6 +55,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -45,11 +72,19 @@ struct SessionOptions {
   bool keep_alive = true;
   // ZeroDuration = a third of the lease the server granted.
   absl::Duration keep_alive_interval = absl::ZeroDuration();
+  // With keep_alive: re-open and re-register automatically when a renewal
+  // finds the session gone (see the header comment).
+  bool auto_reopen = true;
 };
 
 class Session {
  public:
+  // After a failed renewal or re-open (with auto_reopen) the next attempt
+  // comes after min(keep-alive interval, kRetryInterval).
+  static constexpr absl::Duration kRetryInterval = absl::Milliseconds(250);
+
   // OpenSession through `client` (its session id, if any, is ignored).
+  // INVALID_ARGUMENT for negative durations; OpenSession's errors.
   static absl::StatusOr<std::unique_ptr<Session>> Open(const Client& client,
                                                        SessionOptions options = {});
   // Close(), ignoring its status.
@@ -62,44 +97,82 @@ class Session {
   // A client bound to the current session id.
   Client client() const;
 
-  // RegisterBuffer in this session, remembered for Reopen() on success.
+  // RegisterBuffer in this session, remembered for re-opening on success.
   absl::StatusOr<v1::BufferInfo> RegisterBuffer(const v1::RegisterBufferRequest& request);
-  // UnregisterBuffer, forgotten for Reopen() (also when the server answers
+  // UnregisterBuffer, forgotten for re-opening (also when the server answers
   // NOT_FOUND).
   absl::Status UnregisterBuffer(absl::string_view name);
-  // The registrations Reopen() would replay.
+  // The registrations a re-open would replay.
   std::vector<v1::RegisterBufferRequest> registrations() const;
 
   // Best-effort CloseSession of the old id (short deadline, errors ignored),
-  // then OpenSession and the re-registrations. On error the session keeps
-  // the new id (if one was opened) and the error names the failing buffer;
-  // Reopen() may be called again.
+  // then OpenSession and the re-registrations. On a re-registration error
+  // the session keeps the new id and the error names the failing buffer; on
+  // an OpenSession error the old id stays (and, with auto_reopen, the
+  // keep-alive thread keeps trying). Reopen() may be called again.
+  // FAILED_PRECONDITION after Close().
   absl::Status Reopen();
 
-  // Stops the keep-alive and calls CloseSession. Idempotent; later calls
-  // through client() fail with NOT_FOUND.
+  // Waits until an attempt that begins after this call finds the session
+  // open: a keep-alive renewal that succeeds (OK) or a re-open, automatic or
+  // Reopen(), that opens a new session (OK, or its re-registration error).
+  // The next renewal comes within one keep-alive interval (sooner after a
+  // failure, see kRetryInterval). DEADLINE_EXCEEDED (naming the last renewal
+  // and re-open statuses) if none does within `timeout`; FAILED_PRECONDITION
+  // without keep_alive or once closed.
+  absl::Status WaitUntilOpen(absl::Duration timeout) const;
+
+  // Stops the keep-alive (waiting for a re-open in progress) and calls
+  // CloseSession (NOT_FOUND is ignored when the session is known to be
+  // lost). Idempotent; later calls through client() fail with NOT_FOUND.
   absl::Status Close();
 
-  // Keep-alive bookkeeping (for monitoring and tests): renewals that
-  // succeeded, and the status of the most recent attempt.
+  // Bookkeeping (for monitoring and tests): renewals that succeeded, the
+  // status of the most recent renewal, re-opens that opened a new session
+  // (automatic or Reopen()), and the status of the most recent re-open
+  // attempt (OK before the first).
   int64_t keep_alive_count() const;
   absl::Status last_keep_alive_status() const;
+  int64_t reopen_count() const;
+  absl::Status last_reopen_status() const;
 
  private:
   Session(Client client, SessionOptions options);
-  absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The OpenSession call (no lock needed: base_ and options_ are const).
+  absl::StatusOr<v1::OpenSessionResponse> OpenNew() const;
+  // Re-open for attempt `attempt`: closes the old id first if `close_old`;
+  // with `only_if_lost`, does nothing (OK) unless the session is lost.
+  absl::Status ReopenLocked(uint64_t attempt, bool close_old, bool only_if_lost)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reopen_mu_);
+  // Records that attempt `attempt` found the session open with `status`.
+  void RecordOpenLocked(uint64_t attempt, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration IntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KeepAliveLoop();
 
   const Client base_;  // no session id
   const SessionOptions options_;
 
+  // Serializes re-opens (manual and automatic) with RegisterBuffer and
+  // UnregisterBuffer; held across their RPCs. Taken before mu_.
+  absl::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // The state below; never held across an RPC.
   mutable absl::Mutex mu_;
   std::string id_ ABSL_GUARDED_BY(mu_);
   absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_);
+  // Changed only with reopen_mu_ held too.
   std::vector<v1::RegisterBufferRequest> registrations_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;  // id_ is known to be gone
   int64_t keep_alive_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status last_keep_alive_ ABSL_GUARDED_BY(mu_);
+  int64_t reopen_count_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_reopen_ ABSL_GUARDED_BY(mu_);
+  // Attempts (renewals, re-opens) are numbered as they begin; open_attempt_
+  // is the latest one that found the session open, with open_status_.
+  uint64_t attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t open_attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status open_status_ ABSL_GUARDED_BY(mu_);
   std::thread keep_alive_;
 };
 

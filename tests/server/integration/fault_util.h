@@ -1,0 +1,226 @@
+// Helpers for fault_test.cc: a child client process to SIGKILL, /metrics
+// polling, the server's memory map (/proc/<pid>/maps), and a GatherTokens
+// case by reference with its CPU-oracle result.
+//
+//   ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn({binary, arg1}));
+//   child->WaitForLine("READY", absl::Seconds(30));     // its stdout
+//   int status = child->KillAndReap(SIGKILL);            // raw wait status
+//
+//   std::string page;
+//   bool released = PollMetrics(server, absl::Seconds(30), &page, [](absl::string_view p) {
+//     return Metric(p, "tokensel_sessions") == 0;
+//   });
+//
+// Everything here is test-only and single-threaded unless stated.
+#ifndef TOKENSEL_TESTS_SERVER_INTEGRATION_FAULT_UTIL_H_
+#define TOKENSEL_TESTS_SERVER_INTEGRATION_FAULT_UTIL_H_
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "tests/server/integration/client_util.h"
+#include "tests/testing/http_get.h"
+#include "tests/testing/server_process.h"
+
+namespace tokensel::itest {
+
+// A child process whose stdout the test reads. The child gets
+// PR_SET_PDEATHSIG=SIGKILL (it dies with the spawning thread); the
+// destructor SIGKILLs and reaps a child still running.
+class ChildProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+    }
+    // Prepared before fork: the child only makes async-signal-safe calls.
+    std::vector<char*> cargv;
+    for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      dup2(fds[1], STDOUT_FILENO);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    std::unique_ptr<ChildProcess> child(new ChildProcess());
+    child->pid_ = pid;
+    child->fd_ = fds[0];
+    return child;
+  }
+
+  ~ChildProcess() {
+    if (pid_ > 0) KillAndReap(SIGKILL);
+    if (fd_ >= 0) close(fd_);
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& output() const { return output_; }
+
+  // Reads the child's stdout until a line equal to `line` (true), end of
+  // output or the deadline (false).
+  bool WaitForLine(absl::string_view line, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      for (absl::string_view l : absl::StrSplit(output_, '\n')) {
+        if (l == line) return true;
+      }
+      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (left_ms <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+      if (ready < 0 && errno != EINTR) return false;
+      if (ready <= 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fd_, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;  // end of output: the child exited
+      output_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+  // Sends `signo` and waits for the child to exit; returns the raw wait
+  // status (-1 if already reaped).
+  int KillAndReap(int signo) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, signo);
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  ChildProcess() = default;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string output_;
+};
+
+// The value of `series` on a /metrics page; -1 when absent.
+inline double Metric(absl::string_view page, absl::string_view series) {
+  return ::tokensel::testing::MetricValue(page, series).value_or(-1);
+}
+
+// Scrapes /metrics until `done(page)` (true) or the deadline (false);
+// `*page` is the last page read.
+inline bool PollMetrics(const ::tokensel::testing::ServerProcess& server, absl::Duration timeout,
+                        std::string* page, const std::function<bool(absl::string_view)>& done) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::StatusOr<::tokensel::testing::HttpResponse> r =
+        ::tokensel::testing::HttpGet(server.metrics_port(), "/metrics");
+    if (r.ok()) {
+      *page = std::move(r->body);
+      if (done(*page)) return true;
+    }
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));  // polling a condition with a deadline
+  }
+}
+
+// The sessions / buffers / bytes / inflight gauges, for messages.
+inline std::string Gauges(absl::string_view page) {
+  return absl::StrCat("sessions=", Metric(page, "tokensel_sessions"),
+                      " buffers=", Metric(page, "tokensel_registered_buffers"),
+                      " bytes=", Metric(page, "tokensel_registered_bytes"),
+                      " inflight=", Metric(page, "tokensel_inflight_requests"));
+}
+
+// Whether /proc/<pid>/maps has a mapping of POSIX shm object `shm_name`
+// ("/name" -> "/dev/shm/name", with " (deleted)" once unlinked).
+inline bool MapsShm(pid_t pid, const std::string& shm_name, bool* deleted = nullptr) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::stringstream text;
+  text << maps.rdbuf();
+  const std::string path = "/dev/shm" + shm_name;
+  for (absl::string_view line : absl::StrSplit(text.str(), '\n')) {
+    const bool live = absl::EndsWith(line, " " + path);
+    const bool gone = absl::EndsWith(line, " " + path + " (deleted)");
+    if (live || gone) {
+      if (deleted != nullptr) *deleted = gone;
+      return true;
+    }
+  }
+  return false;
+}
+
+// GatherTokens (batch_first) by reference: activations [1, S, C] float32 and
+// indices [1, R] int32 placed first in a region, then `outputs` outputs
+// [1, R, C]. Expected() is the CPU oracle's output bytes.
+struct GatherCase {
+  GatherCase(uint64_t region_bytes, int64_t s, int64_t c, int64_t r, int outputs)
+      : arena(region_bytes) {
+    act = arena.Place(DType::kFloat32, {1, s, c});
+    idx = arena.Place(DType::kInt32, {1, r});
+    for (int i = 0; i < outputs; ++i) outs.push_back(arena.Place(DType::kFloat32, {1, r, c}));
+  }
+  static uint64_t RegionBytes(int64_t s, int64_t c, int64_t r, int outputs) {
+    return uint64_t(s * c * 4) + uint64_t(r * 4) +
+           uint64_t(outputs) * (uint64_t(r * c * 4) + 64) + 256;
+  }
+  void Fill(uint8_t* base, std::mt19937_64& rng) const {
+    FillBytes(base + act.offset, act.extent_bytes, rng);
+    FillIndices(idx.View(base), act.shape[1], /*unique=*/false, rng);
+  }
+  v1::GatherTokensRequest Request(const std::string& buffer, int out) const {
+    v1::GatherTokensRequest req;
+    *req.mutable_activations() = act.Ref(buffer);
+    *req.mutable_indices() = idx.Ref(buffer);
+    *req.mutable_out() = outs[out].Ref(buffer);
+    req.set_batch_first(true);
+    return req;
+  }
+  std::vector<uint8_t> Expected(uint8_t* base) const {
+    std::vector<uint8_t> expect(outs[0].extent_bytes);
+    Placed local = outs[0];
+    local.offset = 0;
+    const absl::Status s = kernels::cpu::GatherTokens(
+        {act.View(base), idx.View(base), local.View(expect.data()), true}, nullptr);
+    if (!s.ok()) expect.clear();  // a test bug; the comparison then fails
+    return expect;
+  }
+
+  Arena arena;
+  Placed act, idx;
+  std::vector<Placed> outs;
+};
+
+}  // namespace tokensel::itest
+
+#endif  // TOKENSEL_TESTS_SERVER_INTEGRATION_FAULT_UTIL_H_
