@@ -42,36 +42,19 @@ namespace health = ::grpc::health::v1;
 
 constexpr absl::Duration kLiveness = absl::Seconds(60);  // generous bound for "eventually"
 
-class InFlightFaultTest : public ::testing::Test {
+class InFlightFaultTest : public FaultServerTest {
  protected:
-  void StartServer(std::vector<std::string> args) {
-    auto server = ServerProcess::Start({.extra_args = std::move(args)});
-    ASSERT_OK(server);
-    server_ = std::move(server).value();
-  }
-  void TearDown() override {
-    if (HasFailure() && server_ != nullptr) {
-      std::string out = server_->Output();
-      if (out.size() > 8000) out = "..." + out.substr(out.size() - 8000);
-      std::fprintf(stderr, "--- server output (tail) ---\n%s\n---\n", out.c_str());
-    }
-  }
-  std::string Scrape() const {
-    auto page = ::tokensel::testing::HttpGet(server_->metrics_port(), "/metrics");
-    return page.ok() ? page->body : "";
-  }
   bool PollInflight(double want, const std::atomic<int>& done, std::string* page) const {
-    return PollMetrics(*server_, kLiveness, page, [&](absl::string_view p) {
-      return Metric(p, "tokensel_inflight_requests") == want || done.load() > 0;
-    }) && done.load() == 0;
+    return PollMetrics(*server_, kLiveness, page,
+                       [&](absl::string_view p) {
+                         return Metric(p, "tokensel_inflight_requests") == want || done.load() > 0;
+                       }) &&
+           done.load() == 0;
   }
-
-  std::mt19937_64 rng_{20240612};
-  std::unique_ptr<ServerProcess> server_;
 };
 
 TEST_F(InFlightFaultTest, UnregisterDuringManyInFlightOpsIsDeferred) {
-  constexpr int kOps = 4;  // = --threads: every admitted op runs at once
+  constexpr int kOps = 4;                             // = --threads: every admitted op runs at once
   constexpr int64_t kS = 4096, kC = 2048, kR = 8192;  // 32 MiB in, 64 MiB out per op
   StartServer({"--threads=4", "--max_inflight=64"});
   const uint64_t bytes = GatherCase::RegionBytes(kS, kC, kR, kOps);
@@ -246,9 +229,8 @@ TEST_F(InFlightFaultTest, SigtermWithExactly32RequestsInFlight) {
       RecordProperty("refusal", std::string(refused.message()));
     }
     for (std::thread& t : threads) t.join();
-    std::fprintf(stderr, "attempt %d: blocker seen %d, %d in flight seen %d, SIGTERM %d\n",
-                 attempt, blocker_running ? 1 : 0, kRequests, all_in ? 1 : 0,
-                 sigterm_sent ? 1 : 0);
+    std::fprintf(stderr, "attempt %d: blocker seen %d, %d in flight seen %d, SIGTERM %d\n", attempt,
+                 blocker_running ? 1 : 0, kRequests, all_in ? 1 : 0, sigterm_sent ? 1 : 0);
     for (int i = 0; i < kRequests; ++i) {
       EXPECT_OK(status[i]) << "request " << i;
       EXPECT_EQ(0, std::memcmp(expect.data(), big->data() + g.outs[i].offset, expect.size()))

@@ -50,28 +50,8 @@ using ::tokensel::testing::TestShm;
 
 constexpr absl::Duration kLiveness = absl::Seconds(30);  // generous bound for "eventually"
 
-class FaultTest : public ::testing::Test {
+class FaultTest : public FaultServerTest {
  protected:
-  void StartServer(std::vector<std::string> args) {
-    auto server = ServerProcess::Start({.extra_args = std::move(args)});
-    ASSERT_OK(server);
-    server_ = std::move(server).value();
-  }
-
-  void TearDown() override {
-    if (HasFailure() && server_ != nullptr) {
-      std::string out = server_->Output();
-      if (out.size() > 8000) out = "..." + out.substr(out.size() - 8000);
-      std::fprintf(stderr, "--- server output (tail) ---\n%s\n---\n", out.c_str());
-    }
-  }
-
-  std::string Scrape() const {
-    auto page = ::tokensel::testing::HttpGet(server_->metrics_port(), "/metrics");
-    EXPECT_OK(page.status());
-    return page.ok() ? page->body : "";
-  }
-
   // A fresh session registers its own shm object and runs a gather checked
   // against the oracle, then closes: the server still serves correctly.
   void ExpectServes(const std::string& tag) {
@@ -120,10 +100,13 @@ class FaultTest : public ::testing::Test {
       EXPECT_EQ(Metric(page, "tokensel_sessions"), 1) << Gauges(page);
       EXPECT_EQ(Metric(page, "tokensel_registered_buffers"), 2) << Gauges(page);
     }
-    ASSERT_TRUE(PollMetrics(*server_, kLiveness, &page, [](absl::string_view p) {
-      return Metric(p, "tokensel_sessions") == 0 && Metric(p, "tokensel_registered_buffers") == 0 &&
-             Metric(p, "tokensel_registered_bytes") == 0;
-    })) << "not released: " << Gauges(page);
+    ASSERT_TRUE(PollMetrics(*server_, kLiveness, &page,
+                            [](absl::string_view p) {
+                              return Metric(p, "tokensel_sessions") == 0 &&
+                                     Metric(p, "tokensel_registered_buffers") == 0 &&
+                                     Metric(p, "tokensel_registered_bytes") == 0;
+                            }))
+        << "not released: " << Gauges(page);
     RecordProperty("release_ms", static_cast<int>(absl::ToInt64Milliseconds(absl::Now() - killed)));
     EXPECT_EQ(Metric(page, "tokensel_inflight_requests"), 0);
     if (released_by_lease) {
@@ -134,9 +117,6 @@ class FaultTest : public ::testing::Test {
     }
     ExpectServes("after-" + mode);
   }
-
-  std::mt19937_64 rng_{20240611};
-  std::unique_ptr<ServerProcess> server_;
 };
 
 TEST_F(FaultTest, KilledStreamClientReleasesItsSessionAndBuffers) {
@@ -262,7 +242,8 @@ TEST_F(FaultTest, ServerKilledClientsGetUnavailableThenReopenByThemselves) {
     ASSERT_GE(w.ok_before.load(), 3) << "no traffic before the kill";
   }
   ASSERT_OK(server_->Signal(SIGKILL));
-  EXPECT_THAT(server_->WaitForExit(absl::Seconds(10)).status(), StatusIs(Code::kInternal, "signal 9"));
+  EXPECT_THAT(server_->WaitForExit(absl::Seconds(10)).status(),
+              StatusIs(Code::kInternal, "signal 9"));
   // Every client's call fails (no hang) before a new server exists.
   while (failed.load() < kClients && absl::Now() < deadline + kLiveness) {
     absl::SleepFor(absl::Milliseconds(5));

@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -43,10 +44,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/server/integration/client_util.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/server_process.h"
+#include "tests/testing/status_matchers.h"
 
 namespace tokensel::itest {
 
@@ -191,8 +194,8 @@ struct GatherCase {
     for (int i = 0; i < outputs; ++i) outs.push_back(arena.Place(DType::kFloat32, {1, r, c}));
   }
   static uint64_t RegionBytes(int64_t s, int64_t c, int64_t r, int outputs) {
-    return uint64_t(s * c * 4) + uint64_t(r * 4) +
-           uint64_t(outputs) * (uint64_t(r * c * 4) + 64) + 256;
+    return uint64_t(s * c * 4) + uint64_t(r * 4) + uint64_t(outputs) * (uint64_t(r * c * 4) + 64) +
+           256;
   }
   void Fill(uint8_t* base, std::mt19937_64& rng) const {
     FillBytes(base + act.offset, act.extent_bytes, rng);
@@ -219,6 +222,35 @@ struct GatherCase {
   Arena arena;
   Placed act, idx;
   std::vector<Placed> outs;
+};
+
+// Base fixture of the fault suites: one real server per test (StartServer),
+// whose output is printed when the test failed.
+class FaultServerTest : public ::testing::Test {
+ protected:
+  void StartServer(std::vector<std::string> args) {
+    auto server = ::tokensel::testing::ServerProcess::Start({.extra_args = std::move(args)});
+    ASSERT_OK(server);
+    server_ = std::move(server).value();
+  }
+
+  void TearDown() override {
+    if (HasFailure() && server_ != nullptr) {
+      std::string out = server_->Output();
+      if (out.size() > 8000) out = "..." + out.substr(out.size() - 8000);
+      std::fprintf(stderr, "--- server output (tail) ---\n%s\n---\n", out.c_str());
+    }
+  }
+
+  // The /metrics page; a failed scrape fails the test and returns "".
+  std::string Scrape() const {
+    auto page = ::tokensel::testing::HttpGet(server_->metrics_port(), "/metrics");
+    EXPECT_OK(page.status());
+    return page.ok() ? page->body : "";
+  }
+
+  std::mt19937_64 rng_{20240611};
+  std::unique_ptr<::tokensel::testing::ServerProcess> server_;
 };
 
 }  // namespace tokensel::itest
