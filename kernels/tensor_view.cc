@@ -1,5 +1,6 @@
 #include "kernels/tensor_view.h"
 
+#include <algorithm>
 #include <cassert>
 #include <limits>
 
@@ -14,14 +15,18 @@ TensorView TensorView::Contiguous(void* data, DType dtype, absl::Span<const int6
   v.data = data;
   v.dtype = dtype;
   v.rank = static_cast<int>(shape.size());
-  // Saturating: a stride can only overflow when another dim is 0 (callers
-  // check the byte size first), and an empty tensor's strides are unused.
+  // Saturating at the largest stride whose byte value fits int64 (CheckView
+  // requires that of every stride): a stride can only get there when another
+  // dim is 0 (callers check the byte size first), and an empty tensor's
+  // strides are unused.
+  const int64_t cap =
+      std::numeric_limits<int64_t>::max() / std::max<int64_t>(ElementSize(dtype), 1);
   int64_t stride = 1;
   for (int d = v.rank - 1; d >= 0; --d) {
     v.shape[d] = shape[d];
     v.strides[d] = stride;
-    if (__builtin_mul_overflow(stride, shape[d] > 0 ? shape[d] : 1, &stride)) {
-      stride = std::numeric_limits<int64_t>::max();
+    if (__builtin_mul_overflow(stride, shape[d] > 0 ? shape[d] : 1, &stride) || stride > cap) {
+      stride = cap;
     }
   }
   return v;
