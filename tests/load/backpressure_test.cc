@@ -29,7 +29,7 @@ TEST_F(LoadTest, BackPressureRefusesBeyondMaxInflightAtOnce) {
       StartServer({"--threads=2", absl::StrCat("--max_inflight=", kMaxInflight)}));
   std::vector<std::string> argv = WorkerArgs(0, seconds);
   for (const char* arg : {"--threads=16", "--mix=big", "--allow_exhausted"}) argv.push_back(arg);
-  auto worker = WorkerProcess::Start(argv);
+  auto worker = ChildProcess::Start(argv);
   ASSERT_OK(worker);
   ASSERT_OK((*worker)->WaitForLine(kReady, absl::Now() + absl::Seconds(60)));
 
@@ -43,7 +43,7 @@ TEST_F(LoadTest, BackPressureRefusesBeyondMaxInflightAtOnce) {
         std::max(max_inflight, MetricValue(Metrics(), "tokensel_inflight_requests").value_or(0));
     ++scrapes;
   }
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  std::vector<std::unique_ptr<ChildProcess>> workers;
   workers.push_back(*std::move(worker));
   const LoadReport report = Finish(workers);
   const std::string metrics = Metrics();

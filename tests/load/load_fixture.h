@@ -1,6 +1,6 @@
 // The load tests' fixture (tests/load/load_test.cc,
 // tests/load/backpressure_test.cc): a real tokensel-server on a unix socket
-// only (ServerProcess), tokensel_load_worker processes (WorkerProcess, path
+// only (ServerProcess), tokensel_load_worker processes (testing::ChildProcess, path
 // from TOKENSEL_LOAD_WORKER_BINARY), their reports merged, /metrics scraped,
 // the server's fds read from /proc. Durations come from the environment
 // (EnvSeconds). On failure the server's output tail goes to stderr.
@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/load/load_report.h"
 #include "tests/load/proc_stats.h"
-#include "tests/load/worker_process.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/status_matchers.h"
@@ -36,6 +36,7 @@
 
 namespace tokensel::load {
 
+using ::tokensel::testing::ChildProcess;
 using ::tokensel::testing::HttpGet;
 using ::tokensel::testing::MetricSum;
 using ::tokensel::testing::MetricValue;
@@ -120,7 +121,7 @@ class LoadTest : public ::testing::Test {
   }
 
   // Collects every worker's exit code and report.
-  LoadReport Finish(std::vector<std::unique_ptr<WorkerProcess>>& workers) {
+  LoadReport Finish(std::vector<std::unique_ptr<ChildProcess>>& workers) {
     LoadReport merged;
     for (auto& w : workers) {
       w->CloseStdin();

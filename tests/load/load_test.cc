@@ -56,13 +56,13 @@ TEST_F(LoadTest, SixtyFourClientsInFourProcessesStayCorrectWithBoundedResources)
   const std::vector<std::string> fds_before = StableFds();
   ASSERT_FALSE(fds_before.empty());
 
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  std::vector<std::unique_ptr<ChildProcess>> workers;
   for (int i = 0; i < kProcesses; ++i) {
     std::vector<std::string> argv = WorkerArgs(i, seconds);
     argv.push_back(absl::StrCat("--threads=", kThreadsPerProcess));
     argv.push_back(absl::StrCat("--max_requests=", cap));
     argv.push_back("--hold");
-    auto w = WorkerProcess::Start(argv);
+    auto w = ChildProcess::Start(argv);
     ASSERT_OK(w);
     workers.push_back(*std::move(w));
   }

@@ -12,7 +12,6 @@
 // in fault_inflight_test.cc. Every op result is checked against the CPU
 // oracle (kernels/cpu).
 #include <sys/mman.h>
-#include <sys/wait.h>
 
 #include <atomic>
 #include <csignal>
@@ -27,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "tests/server/integration/client_util.h"
 #include "tests/server/integration/fault_util.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/shm_region.h"
 #include "tests/testing/status_matchers.h"
@@ -76,10 +76,10 @@ class FaultTest : public FaultServerTest {
   void KillClientMidStream(const std::string& mode, bool released_by_lease) {
     auto shm = TestShm::Create(server_->shm_prefix() + "victim-" + mode, 1 << 20);
     ASSERT_OK(shm);
-    auto child = ChildProcess::Spawn(
+    auto child = ::tokensel::testing::ChildProcess::Start(
         {TOKENSEL_FAULT_CLIENT_BINARY, server_->unix_target(), mode, shm->name()});
     ASSERT_OK(child);
-    ASSERT_TRUE((*child)->WaitForLine("READY", kLiveness)) << (*child)->output();
+    ASSERT_OK((*child)->WaitForLine("READY", absl::Now() + kLiveness));
     std::string page = Scrape();
     EXPECT_EQ(Metric(page, "tokensel_sessions"), 1) << Gauges(page);
     EXPECT_EQ(Metric(page, "tokensel_registered_buffers"), 2) << Gauges(page);
@@ -88,8 +88,9 @@ class FaultTest : public FaultServerTest {
     EXPECT_EQ(MetricSum(page, "tokensel_requests_total", {"method=\"Stream\""}), 0);
 
     const absl::Time killed = absl::Now();
-    const int status = (*child)->KillAndReap(SIGKILL);
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+    ASSERT_OK((*child)->Signal(SIGKILL));
+    EXPECT_THAT((*child)->WaitForExit(absl::Now() + kLiveness),
+                StatusIs(absl::StatusCode::kInternal, absl::StrCat("killed by signal ", SIGKILL)));
     ASSERT_TRUE(PollMetrics(*server_, kLiveness, &page, [](absl::string_view p) {
       return MetricSum(p, "tokensel_requests_total", {"method=\"Stream\""}) == 1;
     })) << "the server never saw the stream end";

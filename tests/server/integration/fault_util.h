@@ -1,10 +1,7 @@
-// Helpers for fault_test.cc: a child client process to SIGKILL, /metrics
-// polling, the server's memory map (/proc/<pid>/maps), and a GatherTokens
-// case by reference with its CPU-oracle result.
-//
-//   ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn({binary, arg1}));
-//   child->WaitForLine("READY", absl::Seconds(30));     // its stdout
-//   int status = child->KillAndReap(SIGKILL);            // raw wait status
+// Helpers for the fault suites: /metrics polling, the server's memory map
+// (/proc/<pid>/maps), a GatherTokens case by reference with its CPU-oracle
+// result, and the base fixture. (The client process the tests SIGKILL is a
+// tests/testing/child_process.h ChildProcess.)
 //
 //   std::string page;
 //   bool released = PollMetrics(server, absl::Seconds(30), &page, [](absl::string_view p) {
@@ -15,16 +12,8 @@
 #ifndef TOKENSEL_TESTS_SERVER_INTEGRATION_FAULT_UTIL_H_
 #define TOKENSEL_TESTS_SERVER_INTEGRATION_FAULT_UTIL_H_
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -52,88 +41,6 @@
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::itest {
-
-// A child process whose stdout the test reads. The child gets
-// PR_SET_PDEATHSIG=SIGKILL (it dies with the spawning thread); the
-// destructor SIGKILLs and reaps a child still running.
-class ChildProcess {
- public:
-  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-      return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
-    }
-    // Prepared before fork: the child only makes async-signal-safe calls.
-    std::vector<char*> cargv;
-    for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      dup2(fds[1], STDOUT_FILENO);
-      execv(cargv[0], cargv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    std::unique_ptr<ChildProcess> child(new ChildProcess());
-    child->pid_ = pid;
-    child->fd_ = fds[0];
-    return child;
-  }
-
-  ~ChildProcess() {
-    if (pid_ > 0) KillAndReap(SIGKILL);
-    if (fd_ >= 0) close(fd_);
-  }
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  pid_t pid() const { return pid_; }
-  const std::string& output() const { return output_; }
-
-  // Reads the child's stdout until a line equal to `line` (true), end of
-  // output or the deadline (false).
-  bool WaitForLine(absl::string_view line, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      for (absl::string_view l : absl::StrSplit(output_, '\n')) {
-        if (l == line) return true;
-      }
-      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left_ms <= 0) return false;
-      pollfd p{fd_, POLLIN, 0};
-      const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-      if (ready < 0 && errno != EINTR) return false;
-      if (ready <= 0) continue;
-      char buf[4096];
-      const ssize_t n = read(fd_, buf, sizeof(buf));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;  // end of output: the child exited
-      output_.append(buf, static_cast<size_t>(n));
-    }
-  }
-
-  // Sends `signo` and waits for the child to exit; returns the raw wait
-  // status (-1 if already reaped).
-  int KillAndReap(int signo) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, signo);
-    int status = 0;
-    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
-    return status;
-  }
-
- private:
-  ChildProcess() = default;
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string output_;
-};
 
 // The value of `series` on a /metrics page; -1 when absent.
 inline double Metric(absl::string_view page, absl::string_view series) {

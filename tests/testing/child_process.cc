@@ -1,4 +1,4 @@
-#include "tests/load/worker_process.h"
+#include "tests/testing/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
-namespace tokensel::load {
+namespace tokensel::testing {
 namespace {
 
 absl::Status ErrnoError(absl::string_view what) {
@@ -21,7 +21,7 @@ absl::Status ErrnoError(absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     const std::vector<std::string>& argv) {
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) return ErrnoError("pipe2");
@@ -51,15 +51,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   }
   close(in[0]);
   close(out[1]);
-  std::unique_ptr<WorkerProcess> worker(new WorkerProcess());
-  worker->pid_ = pid;
-  worker->stdin_fd_ = in[1];
+  std::unique_ptr<ChildProcess> child(new ChildProcess());
+  child->pid_ = pid;
+  child->stdin_fd_ = in[1];
   const int read_fd = out[0];
-  worker->reader_ = std::thread([w = worker.get(), read_fd] { w->ReadLoop(read_fd); });
-  return worker;
+  child->reader_ = std::thread([c = child.get(), read_fd] { c->ReadLoop(read_fd); });
+  return child;
 }
 
-WorkerProcess::~WorkerProcess() {
+ChildProcess::~ChildProcess() {
   CloseStdin();
   if (pid_ > 0 && !wait_status_.has_value()) {
     kill(pid_, SIGKILL);
@@ -70,7 +70,7 @@ WorkerProcess::~WorkerProcess() {
   if (reader_.joinable()) reader_.join();
 }
 
-void WorkerProcess::ReadLoop(int fd) {
+void ChildProcess::ReadLoop(int fd) {
   std::string partial;
   char buf[4096];
   while (true) {
@@ -91,8 +91,8 @@ void WorkerProcess::ReadLoop(int fd) {
   eof_ = true;
 }
 
-absl::StatusOr<std::string> WorkerProcess::WaitForLine(absl::string_view prefix,
-                                                       absl::Time deadline) const {
+absl::StatusOr<std::string> ChildProcess::WaitForLine(absl::string_view prefix,
+                                                      absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   size_t seen = 0;
   while (true) {
@@ -101,10 +101,10 @@ absl::StatusOr<std::string> WorkerProcess::WaitForLine(absl::string_view prefix,
     }
     if (eof_) {
       return absl::NotFoundError(
-          absl::StrCat("worker ", pid_, " ended stdout without \"", prefix, "\""));
+          absl::StrCat("child ", pid_, " ended stdout without \"", prefix, "\""));
     }
     struct Waiter {
-      const WorkerProcess* w;
+      const ChildProcess* w;
       size_t seen;
       bool Ready() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return w->lines_.size() > seen || w->eof_;
@@ -112,22 +112,30 @@ absl::StatusOr<std::string> WorkerProcess::WaitForLine(absl::string_view prefix,
     } waiter{this, seen};
     if (!mu_.AwaitWithDeadline(absl::Condition(&waiter, &Waiter::Ready), deadline)) {
       return absl::DeadlineExceededError(
-          absl::StrCat("worker ", pid_, " printed no \"", prefix, "\" in time"));
+          absl::StrCat("child ", pid_, " printed no \"", prefix, "\" in time"));
     }
   }
 }
 
-std::vector<std::string> WorkerProcess::Lines() const {
+std::vector<std::string> ChildProcess::Lines() const {
   absl::MutexLock lock(&mu_);
   return lines_;
 }
 
-void WorkerProcess::CloseStdin() {
+absl::Status ChildProcess::Signal(int signo) const {
+  if (wait_status_.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("child ", pid_, " was already reaped"));
+  }
+  if (kill(pid_, signo) != 0) return ErrnoError("kill");
+  return absl::OkStatus();
+}
+
+void ChildProcess::CloseStdin() {
   if (stdin_fd_ >= 0) close(stdin_fd_);
   stdin_fd_ = -1;
 }
 
-absl::StatusOr<int> WorkerProcess::WaitForExit(absl::Time deadline) {
+absl::StatusOr<int> ChildProcess::WaitForExit(absl::Time deadline) {
   while (!wait_status_.has_value()) {
     int status = 0;
     const pid_t r = waitpid(pid_, &status, WNOHANG);
@@ -137,14 +145,14 @@ absl::StatusOr<int> WorkerProcess::WaitForExit(absl::Time deadline) {
     }
     if (r < 0 && errno != EINTR) return ErrnoError("waitpid");
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("worker ", pid_, " still running"));
+      return absl::DeadlineExceededError(absl::StrCat("child ", pid_, " still running"));
     }
     absl::SleepFor(absl::Milliseconds(20));  // polling the exit with a deadline
   }
   if (WIFEXITED(*wait_status_)) return WEXITSTATUS(*wait_status_);
   return absl::InternalError(
-      absl::StrCat("worker ", pid_, " killed by signal ",
+      absl::StrCat("child ", pid_, " killed by signal ",
                    WIFSIGNALED(*wait_status_) ? WTERMSIG(*wait_status_) : 0));
 }
 
-}  // namespace tokensel::load
+}  // namespace tokensel::testing

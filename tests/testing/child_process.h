@@ -1,8 +1,9 @@
-// WorkerProcess: a child process (the load worker) whose stdin is a pipe the
-// parent holds and whose stdout is read line by line by a reader thread;
-// stderr is inherited, so the child's diagnostics land in the test log.
+// ChildProcess: a helper process of a test (the load worker, the fault
+// tests' client) whose stdin is a pipe the parent holds and whose stdout is
+// read line by line by a reader thread; stderr is inherited, so the child's
+// diagnostics land in the test log.
 //
-//   ASSIGN_OR_RETURN(auto w, WorkerProcess::Start({binary, "--hold", ...}));
+//   ASSIGN_OR_RETURN(auto w, ChildProcess::Start({binary, "--hold", ...}));
 //   ASSIGN_OR_RETURN(std::string line, w->WaitForLine("LOAD-WORKER ready", deadline));
 //   w->CloseStdin();                                  // EOF: the worker goes on
 //   ASSIGN_OR_RETURN(int code, w->WaitForExit(deadline));
@@ -12,8 +13,8 @@
 // keeps another child's stdin open. The destructor SIGKILLs a child still
 // running, reaps it and joins the reader. Thread-safety: WaitForLine and
 // Lines may be called from any thread; the rest from the owning thread.
-#ifndef TOKENSEL_TESTS_LOAD_WORKER_PROCESS_H_
-#define TOKENSEL_TESTS_LOAD_WORKER_PROCESS_H_
+#ifndef TOKENSEL_TESTS_TESTING_CHILD_PROCESS_H_
+#define TOKENSEL_TESTS_TESTING_CHILD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -29,15 +30,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace tokensel::load {
+namespace tokensel::testing {
 
-class WorkerProcess {
+class ChildProcess {
  public:
   // argv[0] is the binary's path.
-  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(const std::vector<std::string>& argv);
-  ~WorkerProcess();
-  WorkerProcess(const WorkerProcess&) = delete;
-  WorkerProcess& operator=(const WorkerProcess&) = delete;
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::vector<std::string>& argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
 
   pid_t pid() const { return pid_; }
 
@@ -49,12 +50,14 @@ class WorkerProcess {
 
   // Closes the child's stdin (EOF). Idempotent.
   void CloseStdin();
+  // kill(pid, signo); FAILED_PRECONDITION once the child was reaped.
+  absl::Status Signal(int signo) const;
   // The exit code; INTERNAL naming the signal if killed; DEADLINE_EXCEEDED
   // if still running at `deadline` (polls waitpid).
   absl::StatusOr<int> WaitForExit(absl::Time deadline);
 
  private:
-  WorkerProcess() = default;
+  ChildProcess() = default;
   void ReadLoop(int fd);
 
   pid_t pid_ = -1;
@@ -67,6 +70,6 @@ class WorkerProcess {
   bool eof_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace tokensel::load
+}  // namespace tokensel::testing
 
-#endif  // TOKENSEL_TESTS_LOAD_WORKER_PROCESS_H_
+#endif  // TOKENSEL_TESTS_TESTING_CHILD_PROCESS_H_
