@@ -87,24 +87,29 @@ absl::StatusOr<std::unique_ptr<LaunchedServer>> LaunchedServer::Start(
 
   const absl::Time deadline = absl::Now() + options.startup_timeout;
   if (!options.metrics_address.empty()) {
-    absl::MutexLock lock(&server->mu_);
-    auto announced = [raw]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      if (raw->eof_) return true;
-      for (const auto& line : raw->lines_) {
-        if (absl::StartsWith(line, kMetricsPrefix)) return true;
+    bool exited = false;
+    {
+      absl::MutexLock lock(&server->mu_);
+      auto announced = [raw]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (raw->eof_) return true;
+        for (const auto& line : raw->lines_) {
+          if (absl::StartsWith(line, kMetricsPrefix)) return true;
+        }
+        return false;
+      };
+      server->mu_.AwaitWithDeadline(absl::Condition(&announced), deadline);
+      for (const auto& line : server->lines_) {
+        if (absl::StartsWith(line, kMetricsPrefix)) {
+          server->metrics_url_ = line.substr(kMetricsPrefix.size());
+        }
       }
-      return false;
-    };
-    server->mu_.AwaitWithDeadline(absl::Condition(&announced), deadline);
-    for (const auto& line : server->lines_) {
-      if (absl::StartsWith(line, kMetricsPrefix)) {
-        server->metrics_url_ = line.substr(kMetricsPrefix.size());
-      }
+      exited = server->eof_;
     }
+    // WithOutput takes mu_ itself: decorate only after unlocking.
     if (server->metrics_url_.empty()) {
       return server->WithOutput(absl::DeadlineExceededError(
-          server->eof_ ? "tokensel-server exited during startup"
-                       : "tokensel-server did not announce its metrics address"));
+          exited ? "tokensel-server exited during startup"
+                 : "tokensel-server did not announce its metrics address"));
     }
   }
   absl::StatusOr<client::Client> client =
@@ -115,11 +120,13 @@ absl::StatusOr<std::unique_ptr<LaunchedServer>> LaunchedServer::Start(
     absl::StatusOr<std::string> health = CheckHealth(*client, "");
     if (health.ok() && *health == "SERVING") break;
     last = health.ok() ? *health : health.status().ToString();
+    bool exited = false;
     {
       absl::MutexLock lock(&server->mu_);
-      if (server->eof_) {
-        return server->WithOutput(absl::InternalError("tokensel-server exited during startup"));
-      }
+      exited = server->eof_;
+    }
+    if (exited) {
+      return server->WithOutput(absl::InternalError("tokensel-server exited during startup"));
     }
     if (absl::Now() > deadline) {
       return server->WithOutput(

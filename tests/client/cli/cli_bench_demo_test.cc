@@ -83,5 +83,16 @@ TEST(CliDemoTest, DemoStartsItsOwnServer) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex("metrics: http://127\\.0\\.0\\.1:[0-9]+/metrics"));
 }
 
+// A server that dies at startup is reported with its output, exit 1. (The
+// launcher used to build that message while holding its own lock: absl's
+// deadlock detector aborted the CLI with SIGABRT.)
+TEST(CliDemoTest, ServerThatExitsAtStartupIsAnErrorNotAnAbort) {
+  for (const char* metrics : {"--metrics_address=127.0.0.1:0", "--metrics_address="}) {
+    CliResult r = RunCli({"demo", "--server_binary=/bin/false", metrics});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_THAT(r.err, HasSubstr("tokensel-server exited during startup")) << r.Describe();
+  }
+}
+
 }  // namespace
 }  // namespace tokensel::cli::testing
