@@ -228,9 +228,7 @@ inline absl::Status CheckIndexRows(const TensorView& indices, int64_t limit, boo
                    : internal::FirstBadIndexInRow<int32_t>(indices, row, limit, bits);
       }
       if (pos < 0) continue;
-      int64_t current = first_bad_row.load(std::memory_order_relaxed);
-      while (row < current && !first_bad_row.compare_exchange_weak(current, row)) {
-      }
+      StoreMin(first_bad_row, row);
       return;
     }
   });

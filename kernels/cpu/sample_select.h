@@ -90,43 +90,56 @@ inline Threshold FindThreshold(const uint64_t* keys, int64_t S, int64_t R, Selec
   return ThresholdInBucket(bucket, size, below, R);
 }
 
-// picked[0, R) = kept positions, ascending; picked needs S + 1 slots (the
-// branch-free loop stores one slot past the last kept position). When inv is
-// not null, the int32 at inv + s * inv_stride (bytes; any alignment) becomes
-// the rank of s or -1.
-inline void EmitKept(const uint64_t* keys, int64_t S, const Threshold& t, int32_t* picked,
-                     char* inv, int64_t inv_stride) {
+// Where the emission of one row stands: positions kept so far, and keys
+// == T that may still be kept (the lowest positions win ties).
+struct EmitCursor {
   int64_t n = 0;
+  int64_t eq_left = 0;
+};
+
+// Emits the kept positions among keys[0, count), which are the keys of
+// positions [first, first + count) of a row (a whole row, or one chunk of it
+// in position order): picked[cursor.n...] gets the kept positions,
+// ascending; picked needs R + 1 slots (the branch-free loop stores one slot
+// past the last kept position). When inv is not null (the row's start), the
+// int32 at inv + s * inv_stride (bytes; any alignment) becomes the rank of
+// position s or -1.
+inline void EmitKeptRange(const uint64_t* keys, int64_t first, int64_t count, const Threshold& t,
+                          EmitCursor& cursor, int32_t* picked, char* inv, int64_t inv_stride) {
+  int64_t n = cursor.n;
+  char* const inv_at = inv == nullptr ? nullptr : inv + first * inv_stride;  // position `first`
   if (t.take_equal == t.num_equal) {
     // Every key == T is kept: the common case (no 64-bit tie at T).
-    if (inv == nullptr) {
-      for (int64_t s = 0; s < S; ++s) {
-        picked[n] = static_cast<int32_t>(s);
-        n += keys[s] <= t.key;
+    if (inv_at == nullptr) {
+      for (int64_t i = 0; i < count; ++i) {
+        picked[n] = static_cast<int32_t>(first + i);
+        n += keys[i] <= t.key;
       }
     } else {
-      for (int64_t s = 0; s < S; ++s) {
-        const bool keep = keys[s] <= t.key;
-        picked[n] = static_cast<int32_t>(s);
+      for (int64_t i = 0; i < count; ++i) {
+        const bool keep = keys[i] <= t.key;
+        picked[n] = static_cast<int32_t>(first + i);
         const int32_t rank = keep ? static_cast<int32_t>(n) : -1;
-        std::memcpy(inv + s * inv_stride, &rank, sizeof(rank));
+        std::memcpy(inv_at + i * inv_stride, &rank, sizeof(rank));
         n += keep;
       }
     }
+    cursor.n = n;
     return;
   }
-  int64_t eq_left = t.take_equal;
-  for (int64_t s = 0; s < S; ++s) {
-    const uint64_t k = keys[s];
+  int64_t eq_left = cursor.eq_left;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t k = keys[i];
     const bool keep = k < t.key || (k == t.key && eq_left > 0);
     eq_left -= keep && k == t.key;
-    picked[n] = static_cast<int32_t>(s);
-    if (inv != nullptr) {
+    picked[n] = static_cast<int32_t>(first + i);
+    if (inv_at != nullptr) {
       const int32_t rank = keep ? static_cast<int32_t>(n) : -1;
-      std::memcpy(inv + s * inv_stride, &rank, sizeof(rank));
+      std::memcpy(inv_at + i * inv_stride, &rank, sizeof(rank));
     }
     n += keep;
   }
+  cursor = {n, eq_left};
 }
 
 // The whole row: R == 0 keeps nothing, R == S everything (keys unused).
@@ -142,7 +155,9 @@ inline void SelectRow(const uint64_t* keys, int64_t S, int64_t R, SelectScratch&
     }
     return;
   }
-  EmitKept(keys, S, FindThreshold(keys, S, R, scratch), picked, inv, inv_stride);
+  const Threshold t = FindThreshold(keys, S, R, scratch);
+  EmitCursor cursor{0, t.take_equal};
+  EmitKeptRange(keys, 0, S, t, cursor, picked, inv, inv_stride);
 }
 
 // SelectRow for long rows, with the keys produced chunk by chunk instead of
@@ -150,7 +165,7 @@ inline void SelectRow(const uint64_t* keys, int64_t S, int64_t R, SelectScratch&
 // S = 2^31 - 1 ask for 24 GiB): three passes over the keys (histogram,
 // target bucket, emission), each recomputing them. Same threshold and the
 // same keep rule, so the same result as SelectRow; memory O(chunk + bucket)
-// plus `picked`, which needs only R + 1 slots here.
+// plus `picked` (R + 1 slots, as for SelectRow).
 // keys_of(begin, count, out) writes the keys of positions [begin, begin +
 // count) to out; begin is a multiple of `chunk` (> 0).
 template <typename KeysOf>
@@ -181,19 +196,9 @@ void SelectRowChunked(KeysOf&& keys_of, int64_t S, int64_t R, int64_t chunk, Sel
     }
   });
   const Threshold t = ThresholdInBucket(bucket, static_cast<int64_t>(bucket.size()), below, R);
-  int64_t n = 0;
-  int64_t eq_left = t.take_equal;
+  EmitCursor cursor{0, t.take_equal};
   for_each_chunk([&](int64_t begin, int64_t count, const uint64_t* k) {
-    for (int64_t i = 0; i < count; ++i) {
-      const bool keep = k[i] < t.key || (k[i] == t.key && eq_left > 0);
-      eq_left -= keep && k[i] == t.key;
-      picked[n] = static_cast<int32_t>(begin + i);
-      if (inv != nullptr) {
-        const int32_t rank = keep ? static_cast<int32_t>(n) : -1;
-        std::memcpy(inv + (begin + i) * inv_stride, &rank, sizeof(rank));
-      }
-      n += keep;
-    }
+    EmitKeptRange(k, begin, count, t, cursor, picked, inv, inv_stride);
   });
 }
 

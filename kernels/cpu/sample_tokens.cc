@@ -125,7 +125,7 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
   const auto step = static_cast<uint32_t>(args.step);
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> keys(random && !chunked ? static_cast<size_t>(S) : 0);
-    std::vector<int32_t> picked(static_cast<size_t>(chunked ? R : S) + 1);
+    std::vector<int32_t> picked(static_cast<size_t>(R) + 1);
     SelectScratch scratch;
     for (int64_t row = begin; row < end; ++row) {
       const auto l = static_cast<uint32_t>(row / B), b = static_cast<uint32_t>(row % B);

@@ -154,9 +154,7 @@ absl::Status SortSparseTyped(const SortTokensArgs& args, ThreadPool* pool) {
       if (row > first_bad.load(std::memory_order_relaxed)) return;
       LoadRow<T>(RowOf(ids, row), r, &row_ids);
       if (!SortAndCheckUniqueInRange(&row_ids, s)) {
-        int64_t cur = first_bad.load(std::memory_order_relaxed);
-        while (row < cur && !first_bad.compare_exchange_weak(cur, row)) {
-        }
+        StoreMin(first_bad, row);
         return;
       }
     }
@@ -210,9 +208,7 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
       const bool bad = MarkRow<T>(RowOf(ids, row), r, s, bits) >= 0;
       if (!keep) std::fill(local.begin(), local.end(), 0);
       if (bad) {
-        int64_t cur = first_bad.load(std::memory_order_relaxed);
-        while (row < cur && !first_bad.compare_exchange_weak(cur, row)) {
-        }
+        StoreMin(first_bad, row);
         return;
       }
     }

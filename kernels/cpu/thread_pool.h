@@ -9,6 +9,7 @@
 #ifndef TOKENSEL_KERNELS_CPU_THREAD_POOL_H_
 #define TOKENSEL_KERNELS_CPU_THREAD_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -50,6 +51,14 @@ class ThreadPool {
 
 // Runs fn over [0, n) on `pool`, or inline when pool is null.
 void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::RangeFn& fn);
+
+// Lowers `lowest` to `candidate` when that is smaller, lock-free: the lowest
+// failing row of a ParallelFor, whichever chunk finds its failure first.
+inline void StoreMin(std::atomic<int64_t>& lowest, int64_t candidate) {
+  int64_t current = lowest.load(std::memory_order_relaxed);
+  while (candidate < current && !lowest.compare_exchange_weak(current, candidate)) {
+  }
+}
 
 }  // namespace tokensel::kernels::cpu
 
