@@ -231,6 +231,7 @@ absl::StatusOr<core::RegionSpec> RegionFromProto(const v1::RegisterBufferRequest
       spec.size = req.cuda_ipc().size();
       return core::RegionSpec(std::move(spec));
     }
+    case v1::RegisterBufferRequest::kFd:  // served once the fd channel lands
     case v1::RegisterBufferRequest::SOURCE_NOT_SET:
       break;
   }
