@@ -157,6 +157,16 @@ struct TopKTokensArgs {
 };
 absl::Status ValidateTopKTokens(const TopKTokensArgs& args);
 
+// Validate<Op> by argument type, for code generic over the ops.
+inline absl::Status Validate(const SortTokensArgs& a) { return ValidateSortTokens(a); }
+inline absl::Status Validate(const GatherTokensArgs& a) { return ValidateGatherTokens(a); }
+inline absl::Status Validate(const ScatterTokensArgs& a) { return ValidateScatterTokens(a); }
+inline absl::Status Validate(const GatherBertMaskArgs& a) { return ValidateGatherBertMask(a); }
+inline absl::Status Validate(const SliceGptMaskArgs& a) { return ValidateSliceGptMask(a); }
+inline absl::Status Validate(const SegmentSeqlensArgs& a) { return ValidateSegmentSeqlens(a); }
+inline absl::Status Validate(const SampleTokensArgs& a) { return ValidateSampleTokens(a); }
+inline absl::Status Validate(const TopKTokensArgs& a) { return ValidateTopKTokens(a); }
+
 }  // namespace tokensel::kernels
 
 #endif  // TOKENSEL_KERNELS_OPS_H_

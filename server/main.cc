@@ -39,11 +39,25 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(60),
           "Session lease when OpenSession asks for 0; idle sessions expire after their lease "
           "and their buffers are unregistered.");
 ABSL_FLAG(std::string, shm_prefix, "/tokensel",
-          "host_shm registrations may only open POSIX shm names starting with this prefix.");
+          "Name prefix GetServerInfo suggests for the shm objects clients create. Not a "
+          "security boundary: memory is registered by file descriptor, so the server maps only "
+          "what the caller could map itself.");
 ABSL_FLAG(std::vector<std::string>, trusted_uids, {},
-          "Comma-separated uids whose shm objects may be registered; empty = the server's own "
-          "effective uid.");
+          "Deprecated and ignored (memory is registered by file descriptor; registration by "
+          "shm name is refused).");
 ABSL_FLAG(uint32_t, max_buffers, 1024, "Most buffers one session may register.");
+ABSL_FLAG(uint32_t, max_buffers_total, 0,
+          "Most buffers registered across all sessions (each is a memory map of the server); "
+          "0 = min(16384, vm.max_map_count / 4).");
+ABSL_FLAG(uint32_t, max_sessions_per_peer, 256,
+          "Most open sessions of one peer (a unix uid, or a TCP address), so that no caller can "
+          "take every --max_sessions slot.");
+ABSL_FLAG(uint64_t, memory_budget_bytes, 0,
+          "Server memory that requests in flight may hold together (inline staging, kernel "
+          "scratch, results); beyond it requests fail with RESOURCE_EXHAUSTED. 0 = a quarter of "
+          "physical memory.");
+ABSL_FLAG(uint64_t, max_request_memory_bytes, 0,
+          "Server memory one request may hold (same accounting); 0 = min(memory budget, 1 GiB).");
 ABSL_FLAG(uint32_t, max_inflight, 256,
           "Most requests in flight at once; beyond it requests fail fast with "
           "RESOURCE_EXHAUSTED.");
@@ -95,18 +109,6 @@ std::vector<std::string> MergeListenFlags(int argc, char** argv) {
   return args;
 }
 
-absl::StatusOr<std::vector<uid_t>> ParseUids(const std::vector<std::string>& values) {
-  std::vector<uid_t> uids;
-  for (const std::string& value : values) {
-    uint32_t uid = 0;
-    if (!absl::SimpleAtoi(value, &uid)) {
-      return absl::InvalidArgumentError(absl::StrCat("trusted_uids: not a uid: '", value, "'"));
-    }
-    uids.push_back(static_cast<uid_t>(uid));
-  }
-  return uids;
-}
-
 int Fail(const absl::Status& status) {
   TS_LOG(ERROR) << "tokensel-server: " << status;
   return 1;
@@ -143,15 +145,20 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
-  absl::StatusOr<std::vector<uid_t>> uids = ParseUids(absl::GetFlag(FLAGS_trusted_uids));
-  if (!uids.ok()) return Fail(uids.status());
-  options.trusted_uids = *std::move(uids);
+  if (!absl::GetFlag(FLAGS_trusted_uids).empty()) {
+    TS_LOG(WARNING) << "--trusted_uids is deprecated and ignored: clients register memory by "
+                       "file descriptor, which proves their access";
+  }
   options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
   options.max_buffers = absl::GetFlag(FLAGS_max_buffers);
+  options.max_buffers_total = absl::GetFlag(FLAGS_max_buffers_total);
+  options.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
+  options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  options.max_request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_op_elements = absl::GetFlag(FLAGS_max_op_elements);

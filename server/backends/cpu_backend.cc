@@ -96,4 +96,18 @@ absl::Status CpuBackend::Run(const kernels::TopKTokensArgs& args) {
   return kernels::cpu::TopKTokens(args, &pool_);
 }
 
+#define TOKENSEL_CPU_SCRATCH(Op)                                          \
+  uint64_t CpuBackend::ScratchBytes(const kernels::Op##Args& args) const { \
+    return kernels::cpu::ScratchBytes(args, pool_.threads());             \
+  }
+TOKENSEL_CPU_SCRATCH(SortTokens)
+TOKENSEL_CPU_SCRATCH(GatherTokens)
+TOKENSEL_CPU_SCRATCH(ScatterTokens)
+TOKENSEL_CPU_SCRATCH(GatherBertMask)
+TOKENSEL_CPU_SCRATCH(SliceGptMask)
+TOKENSEL_CPU_SCRATCH(SegmentSeqlens)
+TOKENSEL_CPU_SCRATCH(SampleTokens)
+TOKENSEL_CPU_SCRATCH(TopKTokens)
+#undef TOKENSEL_CPU_SCRATCH
+
 }  // namespace tokensel::backends

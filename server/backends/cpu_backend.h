@@ -41,6 +41,16 @@ class CpuBackend final : public core::Backend {
   absl::Status Run(const kernels::SampleTokensArgs& args) override;
   absl::Status Run(const kernels::TopKTokensArgs& args) override;
 
+  // kernels::cpu::ScratchBytes on this pool's thread count.
+  uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::GatherBertMaskArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::SliceGptMaskArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::SegmentSeqlensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::SampleTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::TopKTokensArgs& args) const override;
+
  private:
   kernels::cpu::ThreadPool pool_;
 };

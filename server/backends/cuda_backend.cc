@@ -133,6 +133,8 @@ void CudaBackend::Release(const Lease& lease) {
 
 template <typename Args, typename Bytes, typename Async, typename Finish>
 absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Finish finish) {
+  // The workspace size is defined for valid metadata only (cuda_ops.h).
+  RETURN_IF_ERROR(kernels::Validate(args));
   ASSIGN_OR_RETURN(const Lease lease, Acquire(bytes(args)));
   absl::Status st = async(args, lease.ws, lease.stream);
   if (st.ok()) {
@@ -149,6 +151,9 @@ absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Fini
 #define TOKENSEL_CUDA_RUN(Op)                                                      \
   absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                   \
     return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);     \
+  }                                                                                \
+  uint64_t CudaBackend::ScratchBytes(const kernels::Op##Args& args) const {        \
+    return kernels::Validate(args).ok() ? kc::Op##WorkspaceBytes(args) : 0;        \
   }
 TOKENSEL_CUDA_RUN(SortTokens)
 TOKENSEL_CUDA_RUN(GatherTokens)

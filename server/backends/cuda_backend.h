@@ -62,6 +62,17 @@ class CudaBackend final : public core::Backend {
   absl::Status Run(const kernels::SampleTokensArgs& args) override;
   absl::Status Run(const kernels::TopKTokensArgs& args) override;
 
+  // The device workspace of the op (kernels/cuda WorkspaceBytes; 0 for
+  // metadata that fails validation).
+  uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::GatherBertMaskArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::SliceGptMaskArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::SegmentSeqlensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::SampleTokensArgs& args) const override;
+  uint64_t ScratchBytes(const kernels::TopKTokensArgs& args) const override;
+
   // Pool statistics (tests, metrics): device allocations made for workspaces
   // so far, and workspaces currently cached.
   int64_t workspace_allocations() const;

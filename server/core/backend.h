@@ -46,7 +46,9 @@ class Backend {
   virtual absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) = 0;
 
   // Synchronous: the op has completed (or failed, writing nothing) on return.
-  // Errors are the kernels' (INVALID_ARGUMENT) or INTERNAL for device faults.
+  // Errors are the kernels' (INVALID_ARGUMENT) or INTERNAL for device faults;
+  // CANCELLED / DEADLINE_EXCEEDED when the calling thread's stop token
+  // (kernels/stop.h) fired, in which case outputs may be partly written.
   virtual absl::Status Run(const kernels::SortTokensArgs& args) = 0;
   virtual absl::Status Run(const kernels::GatherTokensArgs& args) = 0;
   virtual absl::Status Run(const kernels::ScatterTokensArgs& args) = 0;
@@ -55,6 +57,19 @@ class Backend {
   virtual absl::Status Run(const kernels::SegmentSeqlensArgs& args) = 0;
   virtual absl::Status Run(const kernels::SampleTokensArgs& args) = 0;
   virtual absl::Status Run(const kernels::TopKTokensArgs& args) = 0;
+
+  // An upper bound of the memory Run(args) allocates (host scratch on the
+  // CPU, the device workspace on CUDA), from the views' metadata alone, so
+  // the executor can count it (MemoryBudget) before running. Saturating;
+  // safe on args that would fail validation.
+  virtual uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::GatherBertMaskArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::SliceGptMaskArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::SegmentSeqlensArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::SampleTokensArgs& args) const = 0;
+  virtual uint64_t ScratchBytes(const kernels::TopKTokensArgs& args) const = 0;
 };
 
 }  // namespace tokensel::core

@@ -19,10 +19,6 @@ bool IsNameChar(char c) {
 
 }  // namespace
 
-absl::string_view RegionKindName(const RegionSpec& spec) {
-  return std::holds_alternative<HostShmSpec>(spec) ? "host_shm" : "cuda_ipc";
-}
-
 absl::Status ValidateBufferName(absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("name: must not be empty");
   if (name.size() > kMaxNameLength) {
@@ -40,12 +36,14 @@ absl::Status ValidateBufferName(absl::string_view name) {
   return absl::OkStatus();
 }
 
-BufferRegistry::BufferRegistry(RegionMapper* host_shm, RegionMapper* cuda_ipc,
-                               uint32_t max_buffers_per_session, ServiceMetrics* metrics)
-    : host_shm_(host_shm),
-      cuda_ipc_(cuda_ipc),
-      max_buffers_per_session_(max_buffers_per_session),
-      metrics_(metrics) {}
+BufferRegistry::BufferRegistry(RegionMapper* host, RegionMapper* cuda_ipc, RegistryLimits limits,
+                               ServiceMetrics* metrics)
+    : host_(host), cuda_ipc_(cuda_ipc), limits_(limits), metrics_(metrics) {}
+
+RegionMapper* BufferRegistry::MapperFor(const RegionSpec& spec) const {
+  if (std::holds_alternative<CudaIpcSpec>(spec)) return cuda_ipc_;
+  return std::get<FdRegionSpec>(spec).kind == FdKind::kHostMemory ? host_ : nullptr;
+}
 
 BufferRegistry::~BufferRegistry() = default;
 
@@ -54,7 +52,7 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
                                                     const RegionSpec& spec) {
   if (absl::Status s = ValidateBufferName(name); !s.ok()) return s;
   const absl::string_view kind = RegionKindName(spec);
-  RegionMapper* mapper = std::holds_alternative<HostShmSpec>(spec) ? host_shm_ : cuda_ipc_;
+  RegionMapper* mapper = MapperFor(spec);
   if (mapper == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(kind, ": this server cannot map ", kind, " buffers"));
@@ -68,10 +66,16 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
           absl::StrCat("name: buffer '", name, "' is already registered in this session"));
     }
     auto it = per_session_.find(session);
-    if (it != per_session_.end() && it->second >= max_buffers_per_session_) {
+    if (it != per_session_.end() && it->second >= limits_.max_buffers_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "name: this session already has ", it->second,
+          " buffers, the limit (max_buffers_per_session) is ", limits_.max_buffers_per_session));
+    }
+    if (buffers_.size() >= limits_.max_buffers) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("name: this session already has ", it->second,
-                       " buffers, the limit (max_buffers) is ", max_buffers_per_session_));
+          absl::StrCat("name: the server holds ", buffers_.size(),
+                       " buffers of all sessions, its limit (max_buffers) is ",
+                       limits_.max_buffers, "; retry after others unregister"));
     }
     return absl::OkStatus();
   };
@@ -87,6 +91,7 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
   info.kind = std::string(kind);
   info.size = (*region)->size();
   info.device_uuid = (*region)->device_uuid();
+  info.sealed = (*region)->sealed();
   auto buffer = std::make_shared<const Buffer>(info, *std::move(region));
 
   absl::Status race;
@@ -110,14 +115,24 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
 }
 
 absl::Status BufferRegistry::Unregister(const std::string& session, const std::string& name) {
+  return UnregisterMatching(session, name, nullptr)
+             ? absl::OkStatus()
+             : absl::NotFoundError(
+                   absl::StrCat("name: no buffer '", name, "' is registered in this session"));
+}
+
+bool BufferRegistry::UnregisterIfCurrent(const std::string& session, const std::string& name,
+                                         const BufferLease& lease) {
+  return lease != nullptr && UnregisterMatching(session, name, lease.get());
+}
+
+bool BufferRegistry::UnregisterMatching(const std::string& session, const std::string& name,
+                                        const Buffer* only) {
   BufferLease released;  // the mapping may be dropped here, outside the lock
   {
     tokensel::MutexLock lock(&mu_);
     auto it = buffers_.find(Key(session, name));
-    if (it == buffers_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("name: no buffer '", name, "' is registered in this session"));
-    }
+    if (it == buffers_.end() || (only != nullptr && it->second.get() != only)) return false;
     released = std::move(it->second);
     buffers_.erase(it);
     auto [begin, end] = owners_.equal_range(name);
@@ -131,7 +146,7 @@ absl::Status BufferRegistry::Unregister(const std::string& session, const std::s
     registered_bytes_ -= released->info().size;
     UpdateGaugesLocked();
   }
-  return absl::OkStatus();
+  return true;
 }
 
 absl::StatusOr<BufferLease> BufferRegistry::Acquire(const std::string& session,

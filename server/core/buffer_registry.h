@@ -28,9 +28,17 @@ class ServiceMetrics;
 
 struct BufferInfo {
   std::string name;
-  std::string kind;  // "host_shm" | "cuda_ipc"
+  std::string kind;  // "host_shm" | "cuda_ipc" | "cuda_vmm"
   uint64_t size = 0;
   std::string device_uuid;
+  bool sealed = false;  // host memory that cannot shrink
+};
+
+struct RegistryLimits {
+  uint32_t max_buffers_per_session = 1024;
+  // Buffers (= mappings) across all sessions: bounds the process's memory
+  // maps (vm.max_map_count) whatever the number of sessions.
+  uint32_t max_buffers = 16384;
 };
 
 // A registered buffer; a shared_ptr<const Buffer> is a lease.
@@ -49,18 +57,24 @@ using BufferLease = std::shared_ptr<const Buffer>;
 
 class BufferRegistry {
  public:
-  // `host_shm` and `cuda_ipc` map the two kinds of region; either may be null
-  // (that kind is then FAILED_PRECONDITION). `metrics` may be null.
-  BufferRegistry(RegionMapper* host_shm, RegionMapper* cuda_ipc, uint32_t max_buffers_per_session,
+  // `host` maps FdRegionSpec of kind kHostMemory, `cuda_ipc` CudaIpcSpec;
+  // either may be null (that kind is then FAILED_PRECONDITION), and CUDA VMM
+  // descriptors have no mapper yet. `metrics` may be null.
+  BufferRegistry(RegionMapper* host, RegionMapper* cuda_ipc, RegistryLimits limits,
                  ServiceMetrics* metrics);
   ~BufferRegistry();
 
   // INVALID_ARGUMENT: bad name; ALREADY_EXISTS: name taken in this session;
-  // RESOURCE_EXHAUSTED: max_buffers_per_session; mapper errors as returned.
+  // RESOURCE_EXHAUSTED: the session's or the server's buffer limit; mapper
+  // errors as returned.
   absl::StatusOr<BufferInfo> Register(const std::string& session, const std::string& name,
                                       const RegionSpec& spec);
   // NOT_FOUND if the session has no such buffer.
   absl::Status Unregister(const std::string& session, const std::string& name);
+  // Unregisters `name` only if `lease` is what is registered under it (the
+  // buffer was not replaced meanwhile); returns whether it did.
+  bool UnregisterIfCurrent(const std::string& session, const std::string& name,
+                           const BufferLease& lease);
   // NOT_FOUND if nobody registered `name`; PERMISSION_DENIED if only other
   // sessions did.
   absl::StatusOr<BufferLease> Acquire(const std::string& session, const std::string& name) const;
@@ -75,9 +89,16 @@ class BufferRegistry {
   using Key = std::pair<std::string, std::string>;  // (session, name)
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  RegionMapper* const host_shm_;
+  // Unregisters (session, name) if registered and, with `only` non-null, if
+  // it is that buffer; returns whether it did.
+  bool UnregisterMatching(const std::string& session, const std::string& name,
+                          const Buffer* only);
+  // The mapper for `spec`, or null.
+  RegionMapper* MapperFor(const RegionSpec& spec) const;
+
+  RegionMapper* const host_;
   RegionMapper* const cuda_ipc_;
-  const uint32_t max_buffers_per_session_;
+  const RegistryLimits limits_;
   ServiceMetrics* const metrics_;
   mutable tokensel::Mutex mu_;
   std::map<Key, BufferLease> buffers_ ABSL_GUARDED_BY(mu_);

@@ -11,6 +11,7 @@
 // bert_mask, gpt_mask) are computed only when present.
 #include "server/core/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <variant>
@@ -26,18 +27,28 @@ namespace {
 
 using kernels::TensorView;
 
-// What every per-op function needs: the resolver and a timed backend call.
+// What every per-op function needs: the resolver and a timed backend call
+// whose scratch is reserved first. In measure mode nothing runs.
 struct OpContext {
   Resolver& resolver;
   Backend& backend;
+  MemoryBudget::Reservation* memory;  // null in measure mode
+  const kernels::StopToken* stop;
+  absl::string_view op_name;
   double seconds = 0;
   uint64_t bytes = 0;
 
   template <typename Args>
   absl::Status Run(const Args& args) {
+    if (memory == nullptr) return absl::OkStatus();  // measuring
+    const uint64_t scratch = backend.ScratchBytes(args);
+    RETURN_IF_ERROR(memory->Grow(scratch, absl::StrCat("scratch of ", op_name)));
+    kernels::ScopedStopToken scope(stop);
+    RETURN_IF_ERROR(kernels::CheckStop());
     const auto start = std::chrono::steady_clock::now();
     absl::Status status = backend.Run(args);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    memory->Shrink(scratch);
     return status;
   }
 };
@@ -264,38 +275,84 @@ absl::Status RunOp(OpContext& ctx, const TopKTokensRequest& req) {
 
 }  // namespace
 
-Executor::Executor(Backend* backend, const BufferRegistry* registry, ServiceMetrics* metrics,
-                   uint64_t max_inline_bytes, uint64_t max_op_work)
+Executor::Executor(Backend* backend, BufferRegistry* registry, ServiceMetrics* metrics,
+                   ExecutorLimits limits, MemoryBudget* budget)
     : backend_(backend),
       registry_(registry),
       metrics_(metrics),
-      max_inline_bytes_(max_inline_bytes),
-      max_op_work_(max_op_work) {}
+      limits_(limits),
+      budget_(budget) {}
 
-absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpRequest& op) {
-  if (max_op_work_ != 0) {
-    if (const uint64_t work = EstimateOpWork(op); work > max_op_work_) {
+absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpRequest& op,
+                                       const RunOptions& options) {
+  if (limits_.max_op_work != 0) {
+    if (const uint64_t work = EstimateOpWork(op); work > limits_.max_op_work) {
       return absl::ResourceExhaustedError(absl::StrCat(
           OpName(op), ": about ", work, " elements of work (the sum of its tensors' ",
-          "shapes), above the per-op limit of ", max_op_work_, " (--max_op_elements)"));
+          "shapes), above the per-op limit of ", limits_.max_op_work, " (--max_op_elements)"));
     }
   }
-  Resolver resolver(backend_, registry_, session, max_inline_bytes_);
-  OpContext ctx{resolver, *backend_};
-  RETURN_IF_ERROR(std::visit([&](const auto& req) { return RunOp(ctx, req); }, op));
+  MemoryBudget::Reservation own = budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
+  MemoryBudget::Reservation* memory = options.memory != nullptr ? options.memory : &own;
   OpResult result;
-  ASSIGN_OR_RETURN(result.outputs, resolver.TakeInlineOutputs());
-  result.bytes_moved = ctx.bytes;
-  if (metrics_ != nullptr) metrics_->ObserveOp(OpName(op), ctx.seconds, ctx.bytes);
+  uint64_t staged = 0;
+  {
+    Resolver resolver(backend_, registry_, session, limits_.max_inline_bytes, memory);
+    OpContext ctx{resolver, *backend_, memory, options.stop, OpName(op)};
+    absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+    // Lost memory outranks whatever the op reported: its inputs were zeros.
+    if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
+    if (status.ok()) {
+      absl::StatusOr<std::vector<InlineOutput>> outputs = resolver.TakeInlineOutputs();
+      if (outputs.ok()) {
+        result.outputs = *std::move(outputs);
+      } else {
+        status = outputs.status();
+      }
+    }
+    staged = resolver.staged_bytes();
+    result.bytes_moved = ctx.bytes;
+    if (status.ok() && metrics_ != nullptr) metrics_->ObserveOp(OpName(op), ctx.seconds, ctx.bytes);
+    if (!status.ok()) {
+      memory->Shrink(staged);
+      return status;
+    }
+  }
+  memory->Shrink(staged);  // the staging died with the resolver
   return result;
 }
 
+uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
+  static const std::string kNoSession;
+  Resolver resolver(backend_, registry_, kNoSession, limits_.max_inline_bytes, nullptr,
+                    /*measure_only=*/true);
+  OpContext ctx{resolver, *backend_, nullptr, nullptr, OpName(op)};
+  const absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+  return status.ok() ? resolver.inline_output_bytes() : 0;
+}
+
 absl::StatusOr<std::vector<OpResult>> Executor::RunAll(const std::string& session,
-                                                       absl::Span<const OpRequest> ops) {
+                                                       absl::Span<const OpRequest> ops,
+                                                       const RunOptions& options) {
+  // The whole response is sized before anything runs: a short request must
+  // not make the server build a huge one (each op alone is within its limit).
+  uint64_t response = 0;
+  for (const OpRequest& op : ops) {
+    response += std::min(InlineOutputBytes(op), limits_.max_inline_bytes);
+    if (response > limits_.max_response_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ops: their inline outputs add up to more than ", limits_.max_response_bytes,
+          " bytes, the limit of one response (--max_message_bytes); write outputs to buffers "
+          "or split the request"));
+    }
+  }
+  MemoryBudget::Reservation own = budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
+  RunOptions per_op = options;
+  if (per_op.memory == nullptr) per_op.memory = &own;
   std::vector<OpResult> results;
   results.reserve(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
-    absl::StatusOr<OpResult> result = Run(session, ops[i]);
+    absl::StatusOr<OpResult> result = Run(session, ops[i], per_op);
     if (!result.ok()) {
       return absl::Status(result.status().code(), absl::StrCat("ops[", i, "] (", OpName(ops[i]),
                                                                "): ", result.status().message()));

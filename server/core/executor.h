@@ -16,6 +16,19 @@
 // Leases are held until the op finishes: unregistering a buffer during an op
 // is deferred.
 //
+// Memory: every allocation an op causes is counted in the request's
+// MemoryBudget reservation before it is made (RESOURCE_EXHAUSTED otherwise,
+// before anything runs): staging for inline inputs and outputs, the
+// backend's scratch (released when the op ends) and the inline results
+// (held by the reservation until the caller drops it, i.e. until the
+// response is handed to the transport).
+// Stop: the op runs under `options.stop` (kernels/stop.h); a fired token
+// ends it with CANCELLED / DEADLINE_EXCEEDED (outputs may be partly
+// written), and RunAll does not start further ops.
+// Lost memory: if a host buffer the op used was truncated under it by its
+// owner (MappedRegion::faulted), the op fails FAILED_PRECONDITION naming the
+// buffer, whatever it computed, and the buffer is unregistered.
+//
 // Thread-safe: any number of concurrent Run calls.
 #ifndef TOKENSEL_SERVER_CORE_EXECUTOR_H_
 #define TOKENSEL_SERVER_CORE_EXECUTOR_H_
@@ -25,39 +38,64 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/stop.h"
 #include "server/core/backend.h"
 #include "server/core/buffer_registry.h"
+#include "server/core/memory_budget.h"
 #include "server/core/request.h"
 
 namespace tokensel::core {
 
 class ServiceMetrics;
 
+struct ExecutorLimits {
+  // Inline output bytes of one op (RESOURCE_EXHAUSTED beyond, before
+  // allocating).
+  uint64_t max_inline_bytes = uint64_t{64} << 20;
+  // Inline output bytes of all the ops of one RunAll (one response): checked
+  // for the whole list before the first op runs.
+  uint64_t max_response_bytes = uint64_t{64} << 20;
+  // EstimateOpWork of one op (RESOURCE_EXHAUSTED before anything is
+  // resolved); 0 = no limit.
+  uint64_t max_op_work = 0;
+};
+
+struct RunOptions {
+  const kernels::StopToken* stop = nullptr;      // null: never stops
+  MemoryBudget::Reservation* memory = nullptr;   // null: a reservation of the call's own
+};
+
 class Executor {
  public:
-  // `max_inline_bytes` bounds the total inline output bytes of one op
-  // (RESOURCE_EXHAUSTED beyond). `max_op_work` bounds EstimateOpWork of one
-  // op (RESOURCE_EXHAUSTED before anything is resolved; 0 = no limit).
-  // `metrics` may be null.
-  Executor(Backend* backend, const BufferRegistry* registry, ServiceMetrics* metrics,
-           uint64_t max_inline_bytes, uint64_t max_op_work = 0);
+  // `budget` and `metrics` may be null (nothing is counted / observed).
+  Executor(Backend* backend, BufferRegistry* registry, ServiceMetrics* metrics,
+           ExecutorLimits limits, MemoryBudget* budget = nullptr);
 
-  absl::StatusOr<OpResult> Run(const std::string& session, const OpRequest& op);
+  absl::StatusOr<OpResult> Run(const std::string& session, const OpRequest& op,
+                               const RunOptions& options = {});
 
   // Runs `ops` in order and stops at the first failure, returned with its
   // position prefixed ("ops[2] (GatherTokens): ..."). Effects of the ops
-  // before it remain.
+  // before it remain. First, RESOURCE_EXHAUSTED if their inline outputs
+  // together exceed max_response_bytes (nothing runs).
   absl::StatusOr<std::vector<OpResult>> RunAll(const std::string& session,
-                                               absl::Span<const OpRequest> ops);
+                                               absl::Span<const OpRequest> ops,
+                                               const RunOptions& options = {});
+
+  // The inline output bytes `op` would return, from its metadata alone (0
+  // when its specs are invalid: running it reports that). No lease, no
+  // allocation.
+  uint64_t InlineOutputBytes(const OpRequest& op) const;
 
   Backend& backend() const { return *backend_; }
+  MemoryBudget* budget() const { return budget_; }
 
  private:
   Backend* const backend_;
-  const BufferRegistry* const registry_;
+  BufferRegistry* const registry_;
   ServiceMetrics* const metrics_;
-  const uint64_t max_inline_bytes_;
-  const uint64_t max_op_work_;
+  const ExecutorLimits limits_;
+  MemoryBudget* const budget_;
 };
 
 }  // namespace tokensel::core

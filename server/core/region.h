@@ -10,13 +10,20 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/unique_fd.h"
+#include "server/core/fd_channel.h"
 
 namespace tokensel::core {
 
 enum class MemoryKind : uint8_t { kHost, kCudaDevice };
 
-struct HostShmSpec {
-  std::string shm_name;  // as given to shm_open, e.g. "/tokensel-w0-acts"
+// Memory the caller passed as a file descriptor over the fd channel
+// (fd_channel.h): [offset, offset + size) of the object behind `fd`. There is
+// deliberately no spec that names memory: the server never opens an object
+// with its own rights on a client's behalf.
+struct FdRegionSpec {
+  std::shared_ptr<const UniqueFd> fd;
+  FdKind kind = FdKind::kHostMemory;
   uint64_t offset = 0;
   uint64_t size = 0;
 };
@@ -28,10 +35,17 @@ struct CudaIpcSpec {
   uint64_t size = 0;
 };
 
-using RegionSpec = std::variant<HostShmSpec, CudaIpcSpec>;
+using RegionSpec = std::variant<FdRegionSpec, CudaIpcSpec>;
 
-// "host_shm" or "cuda_ipc".
+// "host_shm" (host memory by fd), "cuda_vmm" or "cuda_ipc": the kind a
+// BufferInfo reports.
 absl::string_view RegionKindName(const RegionSpec& spec);
+
+// What a received descriptor is, as its mapper sees it (RegionMapper::Inspect).
+struct FdInfo {
+  uint64_t size = 0;    // the object's size now
+  bool sealed = false;  // it cannot shrink (F_SEAL_SHRINK)
+};
 
 // A mapped region [data, data + size). Unmapped when destroyed. Immutable
 // after construction, so any thread may read it.
@@ -42,6 +56,13 @@ class MappedRegion {
   virtual uint64_t size() const = 0;
   virtual MemoryKind memory_kind() const = 0;
   virtual std::string device_uuid() const { return {}; }
+  // Host memory that cannot shrink under the server (a sealed memfd).
+  virtual bool sealed() const { return false; }
+  // True once an access found the memory gone (the owner truncated the
+  // object under the mapping): the region now reads zeros and swallows
+  // writes, and whatever used it since has undefined results. Set from a
+  // signal handler; any thread may read it.
+  virtual bool faulted() const { return false; }
 };
 
 // Maps one kind of region. Implementations validate everything about the
@@ -54,6 +75,10 @@ class RegionMapper {
  public:
   virtual ~RegionMapper() = default;
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const RegionSpec& spec) = 0;
+  // Mappers of descriptors (FdRegionSpec): checks a descriptor as it arrives
+  // on the fd channel, before a ticket is issued for it, with the errors Map
+  // would give. Does not take ownership. Other mappers: UNIMPLEMENTED.
+  virtual absl::StatusOr<FdInfo> Inspect(int fd) const;
 };
 
 }  // namespace tokensel::core

@@ -82,6 +82,12 @@ struct WorkVisitor {
     sum->AddAll(r.segment_ids_q, r.segment_pos_q, r.segment_ids_kv, r.segment_pos_kv, r.q_seqlen,
                 r.q_offset, r.kv_seqlen, r.kv_offset, r.q_packed_seqlens, r.q_packed_offsets,
                 r.q_cu_seqlens, r.kv_packed_seqlens, r.kv_packed_offsets, r.kv_cu_seqlens);
+    // Outputs and staging are O(NS) per row and side, whether or not the
+    // request spells out the outputs' shapes.
+    const uint64_t batch = r.segment_ids_q.shape.empty() ? 0 : NonNegative(r.segment_ids_q.shape[0]);
+    const uint64_t sides = r.segment_ids_kv.has_value() ? 2 : 1;
+    sum->AddScalar(SaturatingMul(SaturatingMul(batch, sides),
+                                 SaturatingAdd(NonNegative(r.max_segments), 1)));
   }
   void operator()(const SampleTokensRequest& r) const {
     sum->AddAll(r.ids, r.inverse, r.mask, r.bert_mask, r.gpt_mask);

@@ -112,7 +112,8 @@ absl::string_view OpName(const OpRequest& op);
 // An upper estimate of an op's work in elements, from metadata alone: the
 // sum over its tensors of product(shape) (negative dims count 0; saturating
 // at UINT64_MAX), plus L * B * max(S, 1) for SampleTokens, whose cost is per
-// position whatever R is, and rows * (S / 64 + 1) for SortTokens and
+// position whatever R is, B * sides * (NS + 1) for SegmentSeqlens (its
+// staging and outputs, given or inline), and rows * (S / 64 + 1) for SortTokens and
 // ScatterTokens (the CUDA kernels' per-row bitmaps of S bits; on the CPU such
 // rows are checked by sorting when S dwarfs R). Every operator runs in
 // O(work), so bounding it bounds the time and scratch of one request, even

@@ -107,11 +107,14 @@ absl::StatusOr<uint64_t> RowMajorBytes(DType dtype, const std::vector<int64_t>& 
 }  // namespace
 
 Resolver::Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-                   uint64_t max_inline_bytes)
+                   uint64_t max_inline_bytes, MemoryBudget::Reservation* memory,
+                   bool measure_only)
     : backend_(backend),
       registry_(registry),
       session_(session),
-      max_inline_bytes_(max_inline_bytes) {}
+      max_inline_bytes_(max_inline_bytes),
+      memory_(memory),
+      measure_only_(measure_only) {}
 
 Resolver::~Resolver() = default;
 
@@ -141,6 +144,7 @@ absl::StatusOr<TensorView> Resolver::InOut(const TensorSpec& spec, absl::string_
   const uint64_t bytes = spec.inline_data.size();
   RETURN_IF_ERROR(ReserveInline(result_name, bytes));
   ASSIGN_OR_RETURN(TensorView v, InlineView(spec, field));
+  if (measure_only_) return v;
   pending_.push_back(
       Pending{std::string(result_name), v.dtype, spec.shape, staging_.back().get(), bytes});
   return v;
@@ -183,12 +187,14 @@ absl::StatusOr<TensorView> Resolver::Output(const std::optional<TensorSpec>& spe
   }
   ASSIGN_OR_RETURN(uint64_t bytes, RowMajorBytes(derived.dtype, derived.shape, field));
   RETURN_IF_ERROR(ReserveInline(field, bytes));
+  if (measure_only_) return TensorView::Contiguous(nullptr, derived.dtype, derived.shape);
   ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
   pending_.push_back(Pending{std::string(field), derived.dtype, derived.shape, staging, bytes});
   return TensorView::Contiguous(staging->data(), derived.dtype, derived.shape);
 }
 
 absl::StatusOr<std::vector<InlineOutput>> Resolver::TakeInlineOutputs() {
+  if (memory_ != nullptr) RETURN_IF_ERROR(memory_->Grow(inline_output_bytes_, "inline results"));
   std::vector<InlineOutput> outputs;
   outputs.reserve(pending_.size());
   for (Pending& p : pending_) {
@@ -204,8 +210,24 @@ absl::StatusOr<std::vector<InlineOutput>> Resolver::TakeInlineOutputs() {
   return outputs;
 }
 
+absl::Status Resolver::CheckLostBuffers(BufferRegistry* registry) const {
+  absl::Status first;
+  for (const auto& [name, lease] : leases_) {
+    if (!lease->region().faulted()) continue;
+    registry->UnregisterIfCurrent(session_, name, lease);
+    if (first.ok()) {
+      first = absl::FailedPreconditionError(absl::StrCat(
+          "buffer '", name, "': its memory was lost while the op ran (the owner truncated the "
+          "object below the registered size); the op's results are undefined and the buffer "
+          "has been unregistered"));
+    }
+  }
+  return first;
+}
+
 absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::string_view field) {
   ASSIGN_OR_RETURN(TensorView v, MetadataView(spec, field));
+  if (measure_only_) return v;
   ASSIGN_OR_RETURN(kernels::ByteExtent extent, kernels::ComputeExtent(v, field));
   absl::StatusOr<BufferLease> lease = registry_->Acquire(session_, spec.buffer);
   if (!lease.ok()) {
@@ -226,7 +248,7 @@ absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::st
         " memory, which the ", backend_->name(), " backend cannot access"));
   }
   v.data = static_cast<char*>(region.data()) + offset;
-  leases_.push_back(*std::move(lease));
+  leases_.emplace_back(spec.buffer, *std::move(lease));
   return v;
 }
 
@@ -243,6 +265,7 @@ absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::st
         ShapeString(spec.shape), " x ", kernels::ElementSize(v.dtype), " bytes of ",
         kernels::DTypeName(v.dtype), ")"));
   }
+  if (measure_only_) return v;
   ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
   RETURN_IF_ERROR(backend_->CopyToStaging(*staging, spec.inline_data.data(), bytes));
   v.data = staging->data();
@@ -262,6 +285,10 @@ absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {
 }
 
 absl::StatusOr<const Backend::Staging*> Resolver::Stage(absl::string_view field, uint64_t bytes) {
+  if (memory_ != nullptr) {
+    RETURN_IF_ERROR(memory_->Grow(bytes, absl::StrCat("staging for ", field)));
+    staged_bytes_ += bytes;
+  }
   absl::StatusOr<std::unique_ptr<Backend::Staging>> staging = backend_->AllocateStaging(bytes);
   if (!staging.ok()) {
     return absl::Status(staging.status().code(),

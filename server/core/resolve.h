@@ -18,8 +18,13 @@
 //    (output_shapes.h) and returned inline. A dtype or shape in the spec must
 //    then equal the derived one (or, for ids outputs, pick int32|int64).
 // The total size of the inline outputs of one op is bounded by
-// `max_inline_bytes` (RESOURCE_EXHAUSTED, checked before allocating).
+// `max_inline_bytes` (RESOURCE_EXHAUSTED, checked before allocating), and
+// every staging allocation is first reserved in `memory` (MemoryBudget).
 // Every message starts with the request field's name.
+//
+// Measure mode (`measure_only`): the same checks and shape derivations on
+// metadata alone, for sizing a response before running anything: no lease,
+// no staging, views carry no data; inline_output_bytes() is the result.
 //
 // Not thread-safe: one Resolver per op execution.
 #ifndef TOKENSEL_SERVER_CORE_RESOLVE_H_
@@ -29,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -37,6 +43,7 @@
 #include "kernels/tensor_view.h"
 #include "server/core/backend.h"
 #include "server/core/buffer_registry.h"
+#include "server/core/memory_budget.h"
 #include "server/core/output_shapes.h"
 #include "server/core/request.h"
 
@@ -46,8 +53,10 @@ class Resolver {
  public:
   using DeriveFn = absl::FunctionRef<absl::StatusOr<OutputShape>()>;
 
+  // `memory` may be null (nothing is counted).
   Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-           uint64_t max_inline_bytes);
+           uint64_t max_inline_bytes, MemoryBudget::Reservation* memory,
+           bool measure_only = false);
   ~Resolver();
   Resolver(const Resolver&) = delete;
   Resolver& operator=(const Resolver&) = delete;
@@ -71,8 +80,19 @@ class Resolver {
                                              absl::string_view field, DeriveFn derive);
 
   // After the op succeeded: copies the inline outputs back from staging, in
-  // the order they were resolved.
+  // the order they were resolved (their bytes are reserved in `memory` first,
+  // and stay reserved).
   absl::StatusOr<std::vector<InlineOutput>> TakeInlineOutputs();
+
+  // After the op ran: FAILED_PRECONDITION naming the first buffer whose
+  // memory was lost under the op (MappedRegion::faulted), after
+  // unregistering every such buffer from `registry` (if it is still the one
+  // registered under its name).
+  absl::Status CheckLostBuffers(BufferRegistry* registry) const;
+
+  uint64_t inline_output_bytes() const { return inline_output_bytes_; }
+  // Staging bytes reserved so far (given back by the caller after the op).
+  uint64_t staged_bytes() const { return staged_bytes_; }
 
  private:
   struct Pending {
@@ -94,8 +114,11 @@ class Resolver {
   const BufferRegistry* const registry_;
   const std::string& session_;
   const uint64_t max_inline_bytes_;
+  MemoryBudget::Reservation* const memory_;
+  const bool measure_only_;
   uint64_t inline_output_bytes_ = 0;
-  std::vector<BufferLease> leases_;
+  uint64_t staged_bytes_ = 0;
+  std::vector<std::pair<std::string, BufferLease>> leases_;  // (buffer name, lease)
   std::vector<std::unique_ptr<Backend::Staging>> staging_;
   std::vector<Pending> pending_;
 };

@@ -55,6 +55,8 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
                              "Bytes of the buffers currently registered, across all sessions.");
   sessions_ = &gauge("tokensel_sessions", "Sessions currently open.");
   inflight_ = &gauge("tokensel_inflight_requests", "Requests currently being served.");
+  request_memory_ = &gauge("tokensel_request_memory_bytes",
+                           "Memory reserved by requests in flight (staging, scratch, results).");
   prometheus::BuildGauge()
       .Name("tokensel_build_info")
       .Help("Always 1; the labels carry the server version and the active backend.")
@@ -128,5 +130,6 @@ void ServiceMetrics::SetRegisteredBuffers(double n) { registered_buffers_->Set(n
 void ServiceMetrics::SetRegisteredBytes(double bytes) { registered_bytes_->Set(bytes); }
 void ServiceMetrics::SetSessions(double n) { sessions_->Set(n); }
 void ServiceMetrics::SetInflight(double n) { inflight_->Set(n); }
+void ServiceMetrics::SetRequestMemory(double bytes) { request_memory_->Set(bytes); }
 
 }  // namespace tokensel::core

@@ -10,6 +10,7 @@
 //   tokensel_registered_bytes                      gauge
 //   tokensel_sessions                              gauge
 //   tokensel_inflight_requests                     gauge
+//   tokensel_request_memory_bytes                  gauge (MemoryBudget in use)
 //   tokensel_build_info{version,backend}           gauge, always 1
 //
 // Thread-safe; the observe calls are lock-free after the first use of a
@@ -52,6 +53,7 @@ class ServiceMetrics {
   void SetRegisteredBytes(double bytes);
   void SetSessions(double n);
   void SetInflight(double n);
+  void SetRequestMemory(double bytes);
 
   // The histogram bucket upper bounds (seconds), 10 us .. ~10 s.
   static const std::vector<double>& LatencyBuckets();
@@ -70,6 +72,7 @@ class ServiceMetrics {
   prometheus::Gauge* registered_bytes_;
   prometheus::Gauge* sessions_;
   prometheus::Gauge* inflight_;
+  prometheus::Gauge* request_memory_;
 
   tokensel::Mutex mu_;
   std::map<std::string, prometheus::Histogram*, std::less<>> op_hist_ ABSL_GUARDED_BY(mu_);

@@ -4,77 +4,89 @@
 #include <utility>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "server/core/secure_random.h"
 #include "server/core/service_metrics.h"
 
 namespace tokensel::core {
-namespace {
 
-// 128 random bits as 32 lower-case hex characters.
-std::string NewSessionId() {
-  thread_local absl::BitGen gen;
-  const uint64_t hi = absl::Uniform<uint64_t>(gen);
-  const uint64_t lo = absl::Uniform<uint64_t>(gen);
-  return absl::StrFormat("%016x%016x", hi, lo);
-}
-
-}  // namespace
-
-SessionManager::SessionManager(absl::Duration default_ttl, absl::Duration max_ttl,
-                               uint32_t max_sessions, EndCallback on_end, ServiceMetrics* metrics,
+SessionManager::SessionManager(SessionLimits limits, EndCallback on_end, ServiceMetrics* metrics,
                                Clock clock)
-    : default_ttl_(std::min(default_ttl, max_ttl)),
-      max_ttl_(max_ttl),
-      max_sessions_(max_sessions),
+    : limits_([&] {
+        limits.default_ttl = std::min(limits.default_ttl, limits.max_ttl);
+        return limits;
+      }()),
       on_end_(std::move(on_end)),
       metrics_(metrics),
       clock_(clock ? std::move(clock) : Clock([] { return absl::Now(); })) {}
 
+void SessionManager::EraseLocked(std::map<std::string, Entry>::iterator it) {
+  auto owner = per_owner_.find(it->second.owner);
+  if (owner != per_owner_.end() && --owner->second == 0) per_owner_.erase(owner);
+  sessions_.erase(it);
+}
+
+void SessionManager::EraseExpiredLocked(absl::Time now, std::vector<std::string>* expired) {
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    auto next = std::next(it);
+    if (it->second.pins == 0 && it->second.deadline <= now) {
+      expired->push_back(it->first);
+      EraseLocked(it);
+    }
+    it = next;
+  }
+}
+
 absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
-                                                 absl::Duration requested_ttl) {
+                                                 absl::Duration requested_ttl, const Peer& peer) {
   if (requested_ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
   }
-  const absl::Duration ttl =
-      requested_ttl == absl::ZeroDuration() ? default_ttl_ : std::min(requested_ttl, max_ttl_);
+  const absl::Duration ttl = requested_ttl == absl::ZeroDuration()
+                                 ? limits_.default_ttl
+                                 : std::min(requested_ttl, limits_.max_ttl);
+  const std::string owner = peer.Principal();
   std::vector<std::string> expired;
   SessionInfo info;
   absl::Status status;
   {
     tokensel::MutexLock lock(&mu_);
     const absl::Time now = clock_();
-    if (sessions_.size() >= max_sessions_) {
-      // Make room from sessions whose lease has run out before refusing.
-      for (auto it = sessions_.begin(); it != sessions_.end();) {
-        if (it->second.deadline <= now) {
-          expired.push_back(it->first);
-          it = sessions_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+    auto owned = [&] {
+      auto it = per_owner_.find(owner);
+      return it == per_owner_.end() ? uint32_t{0} : it->second;
+    };
+    // Make room from sessions whose lease has run out before refusing.
+    if (sessions_.size() >= limits_.max_sessions || owned() >= limits_.max_sessions_per_peer) {
+      EraseExpiredLocked(now, &expired);
     }
-    if (sessions_.size() >= max_sessions_) {
+    if (owned() >= limits_.max_sessions_per_peer) {
       status = absl::ResourceExhaustedError(absl::StrCat(
-          "session: ", sessions_.size(), " sessions are open, the limit is ", max_sessions_));
+          "session: ", owner, " already has ", owned(),
+          " open sessions, the limit per peer (max_sessions_per_peer) is ",
+          limits_.max_sessions_per_peer, "; close some or let their leases expire"));
+    } else if (sessions_.size() >= limits_.max_sessions) {
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          "session: ", sessions_.size(), " sessions are open, the limit is ", limits_.max_sessions));
     } else {
-      std::string id = NewSessionId();
-      while (sessions_.count(id) != 0) id = NewSessionId();  // 2^-128; for form's sake
-      sessions_.emplace(id, Entry{client_name, ttl, now + ttl});
-      info = SessionInfo{id, client_name, ttl};
+      std::string id = SecureRandomHex128();
+      while (sessions_.count(id) != 0) id = SecureRandomHex128();  // 2^-128; for form's sake
+      sessions_.emplace(id, Entry{client_name, owner, ttl, now + ttl, 0});
+      ++per_owner_[owner];
+      info = SessionInfo{id, client_name, ttl, owner};
     }
     UpdateGaugeLocked();
   }
   for (const std::string& id : expired) End(id);
   if (!status.ok()) return status;
-  TS_LOG(DEBUG) << "session opened for client '" << client_name << "', ttl " << ttl;
+  TS_LOG(DEBUG) << "session opened by " << owner << " for client '" << client_name << "', ttl "
+                << ttl;
   return info;
 }
 
-absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_id) {
+absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_id,
+                                                     const Peer& caller) {
   absl::Duration ttl;
   {
     tokensel::MutexLock lock(&mu_);
@@ -82,13 +94,22 @@ absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_
     if (it == sessions_.end()) {
       return absl::NotFoundError("session: unknown session (closed, expired or never opened)");
     }
+    if (it->second.owner != caller.Principal()) {
+      // Logged with both principals; the caller learns only that it is not
+      // the owner.
+      TS_LOG(WARNING) << "session of " << it->second.owner << " presented by "
+                      << caller.Principal() << ": refused";
+      return absl::PermissionDeniedError(
+          "session: belongs to another peer (a session is usable only by the uid or address "
+          "that opened it)");
+    }
     const absl::Time now = clock_();
-    if (it->second.deadline > now) {
+    if (it->second.pins > 0 || it->second.deadline > now) {
       it->second.deadline = now + it->second.ttl;
       return it->second.ttl;
     }
     ttl = it->second.ttl;
-    sessions_.erase(it);
+    EraseLocked(it);
     UpdateGaugeLocked();
   }
   End(session_id);
@@ -100,28 +121,39 @@ absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_
 absl::Status SessionManager::Close(const std::string& session_id) {
   {
     tokensel::MutexLock lock(&mu_);
-    if (sessions_.erase(session_id) == 0) {
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
       return absl::NotFoundError("session: unknown session (closed, expired or never opened)");
     }
+    EraseLocked(it);
     UpdateGaugeLocked();
   }
   End(session_id);
   return absl::OkStatus();
 }
 
+absl::Status SessionManager::Pin(const std::string& session_id) {
+  tokensel::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || (it->second.pins == 0 && it->second.deadline <= clock_())) {
+    return absl::NotFoundError("session: unknown or expired");
+  }
+  ++it->second.pins;
+  return absl::OkStatus();
+}
+
+void SessionManager::Unpin(const std::string& session_id) {
+  tokensel::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || it->second.pins == 0) return;
+  if (--it->second.pins == 0) it->second.deadline = clock_() + it->second.ttl;
+}
+
 int SessionManager::ReapExpired() {
   std::vector<std::string> expired;
   {
     tokensel::MutexLock lock(&mu_);
-    const absl::Time now = clock_();
-    for (auto it = sessions_.begin(); it != sessions_.end();) {
-      if (it->second.deadline <= now) {
-        expired.push_back(it->first);
-        it = sessions_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    EraseExpiredLocked(clock_(), &expired);
     if (!expired.empty()) UpdateGaugeLocked();
   }
   for (const std::string& id : expired) End(id);
@@ -137,6 +169,7 @@ void SessionManager::CloseAll() {
     tokensel::MutexLock lock(&mu_);
     for (const auto& [id, entry] : sessions_) ids.push_back(id);
     sessions_.clear();
+    per_owner_.clear();
     UpdateGaugeLocked();
   }
   for (const std::string& id : ids) End(id);

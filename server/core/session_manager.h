@@ -5,7 +5,15 @@
 // Close(), the session ends and `on_end(session_id)` runs (the server wires
 // it to BufferRegistry::UnregisterAll). Expiry is detected by ReapExpired(),
 // which the server calls periodically from its reaper thread, and lazily by
-// Touch(). Ids are 128-bit random hex strings.
+// Touch(). A pinned session (Pin: an open Stream uses it) does not expire;
+// its lease restarts when the last pin goes.
+//
+// Ownership and quotas. A session belongs to the principal of the peer that
+// opened it (peer.h: the unix uid, or the TCP address). Touch() by another
+// principal is PERMISSION_DENIED: the session id is a bearer capability, but
+// only for its owner. One principal may hold at most max_sessions_per_peer
+// sessions, so no caller can lock others out of the max_sessions slots.
+// Ids are 128 random bits from the kernel's CSPRNG, as 32 hex characters.
 //
 // Thread-safe. `on_end` runs outside the internal lock.
 #ifndef TOKENSEL_SERVER_CORE_SESSION_MANAGER_H_
@@ -15,11 +23,13 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "server/core/peer.h"
 
 namespace tokensel::core {
 
@@ -29,6 +39,14 @@ struct SessionInfo {
   std::string id;
   std::string client_name;
   absl::Duration ttl;
+  std::string owner;  // Peer::Principal() of the opener
+};
+
+struct SessionLimits {
+  absl::Duration default_ttl = absl::Seconds(60);  // when Open asks for 0
+  absl::Duration max_ttl = absl::Hours(1);         // longer requests are capped
+  uint32_t max_sessions = 1024;                    // concurrent sessions in all
+  uint32_t max_sessions_per_peer = 256;            // ... of one principal
 };
 
 class SessionManager {
@@ -36,16 +54,23 @@ class SessionManager {
   using Clock = std::function<absl::Time()>;
   using EndCallback = std::function<void(const std::string& session_id)>;
 
-  // `default_ttl` when Open asks for 0; requests above `max_ttl` are capped.
-  // `max_sessions` bounds concurrent sessions (RESOURCE_EXHAUSTED beyond).
-  SessionManager(absl::Duration default_ttl, absl::Duration max_ttl, uint32_t max_sessions,
-                 EndCallback on_end, ServiceMetrics* metrics, Clock clock = nullptr);
+  SessionManager(SessionLimits limits, EndCallback on_end, ServiceMetrics* metrics,
+                 Clock clock = nullptr);
 
-  absl::StatusOr<SessionInfo> Open(const std::string& client_name, absl::Duration requested_ttl);
-  // Renews the lease. NOT_FOUND (unknown or expired) otherwise.
-  absl::StatusOr<absl::Duration> Touch(const std::string& session_id);
+  // INVALID_ARGUMENT for a negative ttl; RESOURCE_EXHAUSTED beyond
+  // max_sessions or the peer's max_sessions_per_peer (expired sessions are
+  // reaped first to make room).
+  absl::StatusOr<SessionInfo> Open(const std::string& client_name, absl::Duration requested_ttl,
+                                   const Peer& peer = Peer());
+  // Renews the lease and returns it. NOT_FOUND (unknown or expired);
+  // PERMISSION_DENIED when `caller` is not the owner's principal.
+  absl::StatusOr<absl::Duration> Touch(const std::string& session_id, const Peer& caller = Peer());
   // NOT_FOUND if unknown.
   absl::Status Close(const std::string& session_id);
+  // Keeps the session from expiring until the matching Unpin (counted);
+  // NOT_FOUND if unknown or expired. Unpin of the last pin restarts the lease.
+  absl::Status Pin(const std::string& session_id);
+  void Unpin(const std::string& session_id);
   // Ends every session whose lease has run out; returns how many.
   int ReapExpired();
   // Ends every session (shutdown).
@@ -55,20 +80,26 @@ class SessionManager {
  private:
   struct Entry {
     std::string client_name;
+    std::string owner;
     absl::Duration ttl;
     absl::Time deadline;
+    uint32_t pins = 0;
   };
   void End(const std::string& id);
+  // Removes every expired, unpinned session; their ids go to `expired`.
+  void EraseExpiredLocked(absl::Time now, std::vector<std::string>* expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases `it`, keeping the per-owner counts.
+  void EraseLocked(std::map<std::string, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const absl::Duration default_ttl_;
-  const absl::Duration max_ttl_;
-  const uint32_t max_sessions_;
+  const SessionLimits limits_;
   const EndCallback on_end_;
   ServiceMetrics* const metrics_;
   const Clock clock_;
   mutable tokensel::Mutex mu_;
   std::map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> per_owner_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tokensel::core

@@ -216,13 +216,13 @@ absl::StatusOr<std::vector<core::OpRequest>> OpsFromProto(const v1::ExecuteReque
 
 absl::StatusOr<core::RegionSpec> RegionFromProto(const v1::RegisterBufferRequest& req) {
   switch (req.source_case()) {
-    case v1::RegisterBufferRequest::kHostShm: {
-      core::HostShmSpec spec;
-      spec.shm_name = req.host_shm().shm_name();
-      spec.offset = req.host_shm().offset();
-      spec.size = req.host_shm().size();
-      return core::RegionSpec(std::move(spec));
-    }
+    case v1::RegisterBufferRequest::kHostShm:
+      // The server would open the object with its own rights, not the
+      // caller's: refused whatever the object's owner and mode.
+      return absl::PermissionDeniedError(absl::StrCat(
+          "host_shm: registration by name is refused (the server cannot check that the caller "
+          "may open \"", req.host_shm().shm_name(), "\"); pass the object's file descriptor on "
+          "the fd channel and register it as `fd` (the tokensel clients do this for you)"));
     case v1::RegisterBufferRequest::kCudaIpc: {
       core::CudaIpcSpec spec;
       spec.handle = req.cuda_ipc().handle();
@@ -231,11 +231,12 @@ absl::StatusOr<core::RegionSpec> RegionFromProto(const v1::RegisterBufferRequest
       spec.size = req.cuda_ipc().size();
       return core::RegionSpec(std::move(spec));
     }
-    case v1::RegisterBufferRequest::kFd:  // served once the fd channel lands
+    case v1::RegisterBufferRequest::kFd:
+      return absl::InvalidArgumentError("fd: a ticket is redeemed by the handler, not converted");
     case v1::RegisterBufferRequest::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError("source: set host_shm or cuda_ipc");
+  return absl::InvalidArgumentError("source: set fd or cuda_ipc");
 }
 
 void OpResultToProto(core::OpResult&& result, v1::OpResponse* out) {
@@ -255,6 +256,7 @@ void BufferInfoToProto(const core::BufferInfo& info, v1::BufferInfo* out) {
   out->set_kind(info.kind);
   out->set_size(info.size);
   out->set_device_uuid(info.device_uuid);
+  out->set_sealed(info.sealed);
 }
 
 void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out) {
@@ -274,8 +276,14 @@ void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out) {
   limits->set_max_inflight(desc.max_inflight);
   limits->set_session_ttl_ms(desc.session_ttl_ms);
   limits->set_max_rank(desc.max_rank);
+  limits->set_max_sessions_per_peer(desc.max_sessions_per_peer);
+  limits->set_max_buffers_total(desc.max_buffers_total);
+  limits->set_max_op_elements(desc.max_op_elements);
+  limits->set_max_request_memory_bytes(desc.max_request_memory_bytes);
+  limits->set_memory_budget_bytes(desc.memory_budget_bytes);
   out->set_shm_prefix(desc.shm_prefix);
   for (const std::string& kind : desc.memory_kinds) out->add_memory_kinds(kind);
+  out->set_fd_channel(desc.fd_channel);
 }
 
 }  // namespace tokensel::server

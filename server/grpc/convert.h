@@ -60,7 +60,10 @@ absl::StatusOr<core::OpRequest> OpFromProto(const v1::Op& op, absl::string_view 
 // Every op of an Execute, errors prefixed "ops[i].".
 absl::StatusOr<std::vector<core::OpRequest>> OpsFromProto(const v1::ExecuteRequest& req);
 
-// The oneof `source`; INVALID_ARGUMENT naming "source" when unset.
+// The oneof `source` for the sources that need no server state: cuda_ipc.
+// host_shm (by name) is PERMISSION_DENIED: the server never opens memory
+// with its own rights. `fd` tickets are redeemed by Handlers::Register, not
+// here (INVALID_ARGUMENT). INVALID_ARGUMENT naming "source" when unset.
 absl::StatusOr<core::RegionSpec> RegionFromProto(const v1::RegisterBufferRequest& req);
 
 // Moves each inline output's bytes into a NamedTensor (dtype, shape, inline_data).
@@ -78,8 +81,14 @@ struct ServerDescription {
   uint32_t max_inflight = 0;
   uint64_t session_ttl_ms = 0;
   uint32_t max_rank = 0;
+  uint32_t max_sessions_per_peer = 0;
+  uint32_t max_buffers_total = 0;
+  uint64_t max_op_elements = 0;
+  uint64_t max_request_memory_bytes = 0;
+  uint64_t memory_budget_bytes = 0;
   std::string shm_prefix;
   std::vector<std::string> memory_kinds;
+  bool fd_channel = false;
 };
 void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out);
 

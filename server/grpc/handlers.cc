@@ -1,5 +1,7 @@
 #include "server/grpc/handlers.h"
 
+#include <exception>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,31 @@ std::optional<std::string> Handlers::SessionMetadata(const grpc::CallbackServerC
   return std::string(it->second.data(), it->second.size());
 }
 
+absl::Status CallStopToken::Check() const {
+  if (ctx_->IsCancelled()) return absl::CancelledError("the client cancelled the call");
+  if (std::chrono::system_clock::now() >= deadline_) {
+    return absl::DeadlineExceededError("the call's deadline passed before the work was done");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoThrow(const std::function<absl::Status()>& work) {
+  try {
+    return work();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        "server: out of memory serving this request (it was abandoned; the server goes on)");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("server: unexpected exception: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("server: unexpected exception");
+  }
+}
+
+core::Peer Handlers::PeerOf(const grpc::CallbackServerContext& ctx) const {
+  return deps_.peer_of ? deps_.peer_of(ctx) : core::Peer();
+}
+
 absl::StatusOr<core::SessionInfo> Handlers::TouchSession(
     const grpc::CallbackServerContext& ctx) const {
   std::optional<std::string> id = SessionMetadata(ctx);
@@ -23,7 +50,7 @@ absl::StatusOr<core::SessionInfo> Handlers::TouchSession(
     return absl::InvalidArgumentError(
         absl::StrCat("missing ", kSessionMetadataKey, " metadata (call OpenSession first)"));
   }
-  ASSIGN_OR_RETURN(absl::Duration ttl, deps_.sessions->Touch(*id));
+  ASSIGN_OR_RETURN(absl::Duration ttl, deps_.sessions->Touch(*id, PeerOf(ctx)));
   core::SessionInfo info;
   info.id = std::move(*id);
   info.ttl = ttl;
@@ -31,20 +58,22 @@ absl::StatusOr<core::SessionInfo> Handlers::TouchSession(
 }
 
 absl::Status Handlers::RunOp(const std::string& session, const core::OpRequest& op,
-                             v1::OpResponse* response) const {
-  ASSIGN_OR_RETURN(core::OpResult result, deps_.executor->Run(session, op));
+                             v1::OpResponse* response, const core::RunOptions& options) const {
+  ASSIGN_OR_RETURN(core::OpResult result, deps_.executor->Run(session, op, options));
   OpResultToProto(std::move(result), response);
   return absl::OkStatus();
 }
 
 absl::Status Handlers::RunOp(const std::string& session, const v1::Op& op,
-                             v1::OpResponse* response, absl::string_view prefix) const {
+                             v1::OpResponse* response, const core::RunOptions& options,
+                             absl::string_view prefix) const {
   ASSIGN_OR_RETURN(core::OpRequest request, OpFromProto(op, prefix));
-  return RunOp(session, request, response);
+  return RunOp(session, request, response, options);
 }
 
 absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequest& request,
-                               v1::ExecuteResponse* response) const {
+                               v1::ExecuteResponse* response,
+                               const core::RunOptions& options) const {
   if (!request.wait_event().empty() || !request.record_event().empty()) {
     const absl::string_view field = request.wait_event().empty() ? "record_event" : "wait_event";
     if (deps_.executor->backend().name() != "cuda") {
@@ -56,7 +85,8 @@ absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequ
         absl::StrCat(field, ": CUDA IPC events are not supported by this server's cuda backend"));
   }
   ASSIGN_OR_RETURN(std::vector<core::OpRequest> ops, OpsFromProto(request));
-  ASSIGN_OR_RETURN(std::vector<core::OpResult> results, deps_.executor->RunAll(session, ops));
+  ASSIGN_OR_RETURN(std::vector<core::OpResult> results,
+                   deps_.executor->RunAll(session, ops, options));
   response->mutable_results()->Reserve(static_cast<int>(results.size()));
   for (core::OpResult& result : results) {
     OpResultToProto(std::move(result), response->add_results());
@@ -67,7 +97,21 @@ absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequ
 absl::Status Handlers::Register(const std::string& session,
                                 const v1::RegisterBufferRequest& request,
                                 v1::RegisterBufferResponse* response) const {
-  ASSIGN_OR_RETURN(core::RegionSpec spec, RegionFromProto(request));
+  core::RegionSpec spec;
+  if (request.source_case() == v1::RegisterBufferRequest::kFd) {
+    // The name first, so that a request doomed by it does not use up the
+    // ticket.
+    RETURN_IF_ERROR(core::ValidateBufferName(request.name()));
+    if (deps_.tickets == nullptr) {
+      return absl::FailedPreconditionError("fd: this server takes no file descriptors");
+    }
+    ASSIGN_OR_RETURN(core::FdTickets::Redeemed redeemed,
+                     deps_.tickets->Redeem(session, request.fd().ticket()));
+    spec = core::FdRegionSpec{std::move(redeemed.fd), redeemed.kind, request.fd().offset(),
+                              request.fd().size()};
+  } else {
+    ASSIGN_OR_RETURN(spec, RegionFromProto(request));
+  }
   ASSIGN_OR_RETURN(core::BufferInfo info,
                    deps_.registry->Register(session, request.name(), spec));
   BufferInfoToProto(info, response->mutable_buffer());

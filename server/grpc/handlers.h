@@ -9,6 +9,7 @@
 #define TOKENSEL_SERVER_GRPC_HANDLERS_H_
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,9 +19,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
+#include "kernels/stop.h"
 #include "server/core/admission.h"
 #include "server/core/buffer_registry.h"
 #include "server/core/executor.h"
+#include "server/core/fd_tickets.h"
+#include "server/core/peer.h"
 #include "server/core/service_metrics.h"
 #include "server/core/session_manager.h"
 #include "server/grpc/convert.h"
@@ -32,17 +36,42 @@ namespace tokensel::server {
 // The metadata key that carries the session id.
 inline constexpr absl::string_view kSessionMetadataKey = "tokensel-session";
 
+// Who is calling: the front end's identification of the call's connection
+// (core::Peer{} when it cannot tell, e.g. in-process channels).
+using PeerFn = std::function<core::Peer(const grpc::CallbackServerContext&)>;
+
 // What the service works with; owned by the Server, all non-null except
-// `metrics`.
+// `metrics`, `tickets` (no fd registration) and `peer_of` (every caller is
+// Peer{}).
 struct ServiceDeps {
   core::SessionManager* sessions = nullptr;
   core::BufferRegistry* registry = nullptr;
   core::Admission* admission = nullptr;
   core::Executor* executor = nullptr;
   core::ServiceMetrics* metrics = nullptr;
+  core::FdTickets* tickets = nullptr;
   WorkQueue* workers = nullptr;
+  PeerFn peer_of;
   ServerDescription description;
 };
+
+// A call's stop token: the call was cancelled (CANCELLED) or its deadline
+// passed (DEADLINE_EXCEEDED). Valid while the call is.
+class CallStopToken final : public kernels::StopToken {
+ public:
+  explicit CallStopToken(grpc::CallbackServerContext* ctx)
+      : ctx_(ctx), deadline_(ctx->deadline()) {}
+  absl::Status Check() const override;
+
+ private:
+  grpc::CallbackServerContext* const ctx_;
+  const std::chrono::system_clock::time_point deadline_;
+};
+
+// Runs `work`, turning what would escape it into a status: std::bad_alloc
+// is RESOURCE_EXHAUSTED for this request (never a crash of the server),
+// any other exception INTERNAL.
+absl::Status NoThrow(const std::function<absl::Status()>& work);
 
 class Handlers {
  public:
@@ -53,19 +82,27 @@ class Handlers {
   // The session id in the call's metadata, or nullopt when there is none.
   static std::optional<std::string> SessionMetadata(const grpc::CallbackServerContext& ctx);
 
+  // The caller of `ctx` (deps().peer_of, or Peer{}).
+  core::Peer PeerOf(const grpc::CallbackServerContext& ctx) const;
+
   // The call's session, renewed: INVALID_ARGUMENT "missing tokensel-session
-  // metadata" when absent, NOT_FOUND when unknown or expired.
+  // metadata" when absent, NOT_FOUND when unknown or expired,
+  // PERMISSION_DENIED when the caller is not the session's owner.
   absl::StatusOr<core::SessionInfo> TouchSession(const grpc::CallbackServerContext& ctx) const;
 
+  // The op methods run under `options` (stop token, memory reservation: the
+  // inline results stay reserved in options.memory).
   absl::Status RunOp(const std::string& session, const core::OpRequest& op,
-                     v1::OpResponse* response) const;
+                     v1::OpResponse* response, const core::RunOptions& options) const;
   // Converts `op` (errors prefixed with `prefix`) and runs it.
   absl::Status RunOp(const std::string& session, const v1::Op& op, v1::OpResponse* response,
-                     absl::string_view prefix = "") const;
+                     const core::RunOptions& options, absl::string_view prefix = "") const;
   // RunAll; FAILED_PRECONDITION when wait_event/record_event are set (no
   // backend of this build supports CUDA IPC events).
   absl::Status Execute(const std::string& session, const v1::ExecuteRequest& request,
-                       v1::ExecuteResponse* response) const;
+                       v1::ExecuteResponse* response, const core::RunOptions& options) const;
+  // `fd`: redeems the ticket (FdTickets) and maps the descriptor; cuda_ipc:
+  // as converted; host_shm by name: PERMISSION_DENIED.
   absl::Status Register(const std::string& session, const v1::RegisterBufferRequest& request,
                         v1::RegisterBufferResponse* response) const;
   absl::Status Unregister(const std::string& session,

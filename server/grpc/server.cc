@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -27,7 +28,8 @@
 #include "server/grpc/tcp_security.h"
 #include "server/grpc/work_queue.h"
 #include "server/memory/cuda_ipc_mapper.h"
-#include "server/memory/host_shm_mapper.h"
+#include "server/memory/host_fd_mapper.h"
+#include "server/memory/sigbus_guard.h"
 
 #ifndef TOKENSEL_VERSION
 #define TOKENSEL_VERSION "unknown"
@@ -42,6 +44,27 @@ constexpr char kServiceName[] = "tokensel.v1.TokenSelect";
 constexpr absl::Duration kIdleStreamGrace = absl::Milliseconds(500);
 
 int ClampToInt(uint64_t v) { return static_cast<int>(std::min<uint64_t>(v, INT_MAX)); }
+
+// Buffers across sessions: each is one memory map, and the process may hold
+// vm.max_map_count of them (gRPC, malloc and the stacks need some too).
+uint32_t DefaultMaxBuffersTotal() {
+  uint64_t max_map_count = 65530;  // the kernel's default
+  if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    unsigned long long v = 0;
+    if (std::fscanf(f, "%llu", &v) == 1 && v > 0) max_map_count = v;
+    std::fclose(f);
+  }
+  return static_cast<uint32_t>(std::clamp<uint64_t>(max_map_count / 4, 64, 16384));
+}
+
+// What requests may hold at once: a quarter of physical memory.
+uint64_t DefaultMemoryBudgetBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return uint64_t{4} << 30;
+  return std::max<uint64_t>(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4,
+                            uint64_t{256} << 20);
+}
 
 }  // namespace
 
@@ -62,28 +85,49 @@ Server::~Server() { Shutdown(); }
 absl::Status Server::Init() {
   if (options_.listen.empty()) return absl::InvalidArgumentError("listen: no address given");
   if (options_.max_inflight == 0) return absl::InvalidArgumentError("max_inflight must be > 0");
-  RETURN_IF_ERROR(memory::HostShmMapper::ValidatePrefix(options_.shm_prefix));
+  if (options_.max_buffers_total > memory::SigbusGuard::kCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("max_buffers_total must be <= ",
+                                                   memory::SigbusGuard::kCapacity));
+  }
 
   ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
-  memory::HostShmMapperOptions shm;
-  shm.prefix = options_.shm_prefix;
-  if (!options_.trusted_uids.empty()) shm.trusted_uids = options_.trusted_uids;
-  host_shm_ = std::make_unique<memory::HostShmMapper>(std::move(shm));
+  ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
   cuda_ipc_ = memory::MakeCudaIpcMapper();
 
   metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name());
-  registry_ = std::make_unique<core::BufferRegistry>(host_shm_.get(), cuda_ipc_.get(),
-                                                     options_.max_buffers, metrics_.get());
-  core::BufferRegistry* registry = registry_.get();
+  core::RegistryLimits registry_limits;
+  registry_limits.max_buffers_per_session = options_.max_buffers;
+  registry_limits.max_buffers =
+      options_.max_buffers_total != 0 ? options_.max_buffers_total : DefaultMaxBuffersTotal();
+  registry_ = std::make_unique<core::BufferRegistry>(host_memory_.get(), cuda_ipc_.get(),
+                                                     registry_limits, metrics_.get());
+  core::SessionLimits session_limits;
+  session_limits.default_ttl = options_.session_ttl;
+  session_limits.max_ttl = std::max(options_.max_session_ttl, options_.session_ttl);
+  session_limits.max_sessions = options_.max_sessions;
+  session_limits.max_sessions_per_peer = options_.max_sessions_per_peer;
   sessions_ = std::make_unique<core::SessionManager>(
-      options_.session_ttl, std::max(options_.max_session_ttl, options_.session_ttl),
-      options_.max_sessions,
-      [registry](const std::string& session) { registry->UnregisterAll(session); },
+      session_limits,
+      [this](const std::string& session) {
+        registry_->UnregisterAll(session);
+        tickets_->DropSession(session);
+      },
       metrics_.get());
+  tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(),
+                                               core::FdTicketLimits());
+  const uint64_t budget_bytes = options_.memory_budget_bytes != 0 ? options_.memory_budget_bytes
+                                                                  : DefaultMemoryBudgetBytes();
+  const uint64_t request_bytes = options_.max_request_memory_bytes != 0
+                                     ? options_.max_request_memory_bytes
+                                     : std::min(budget_bytes, uint64_t{1} << 30);
+  budget_ = std::make_unique<core::MemoryBudget>(budget_bytes, request_bytes, metrics_.get());
   admission_ = std::make_unique<core::Admission>(options_.max_inflight, metrics_.get());
+  core::ExecutorLimits executor_limits;
+  executor_limits.max_inline_bytes = options_.max_message_bytes;
+  executor_limits.max_response_bytes = options_.max_message_bytes;
+  executor_limits.max_op_work = options_.max_op_elements;
   executor_ = std::make_unique<core::Executor>(backend_.get(), registry_.get(), metrics_.get(),
-                                               options_.max_message_bytes,
-                                               options_.max_op_elements);
+                                               executor_limits, budget_.get());
   const int threads = options_.threads > 0
                           ? options_.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -95,6 +139,7 @@ absl::Status Server::Init() {
   deps.admission = admission_.get();
   deps.executor = executor_.get();
   deps.metrics = metrics_.get();
+  deps.tickets = tickets_.get();
   deps.workers = workers_.get();
   ServerDescription& d = deps.description;
   d.version = TOKENSEL_VERSION;
@@ -102,6 +147,11 @@ absl::Status Server::Init() {
   d.devices = backend_->devices();
   d.max_message_bytes = options_.max_message_bytes;
   d.max_buffers_per_session = options_.max_buffers;
+  d.max_buffers_total = registry_limits.max_buffers;
+  d.max_sessions_per_peer = options_.max_sessions_per_peer;
+  d.max_op_elements = options_.max_op_elements;
+  d.max_request_memory_bytes = budget_->per_request_bytes();
+  d.memory_budget_bytes = budget_->total_bytes();
   d.max_inflight = options_.max_inflight;
   d.session_ttl_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(options_.session_ttl));
   d.max_rank = kernels::kMaxRank;
@@ -220,6 +270,7 @@ void Server::ReaperLoop() {
     if (reaped > 0) {
       TS_LOG(INFO) << "expired " << reaped << " idle session(s)";
     }
+    tickets_->ReapExpired();
     mu_.Lock();
   }
 }

@@ -5,11 +5,12 @@
 //   server->Shutdown();
 //
 // Start builds, in order: the backend (MakeBackend), the region mappers
-// (host shm under `shm_prefix`, CUDA IPC), ServiceMetrics, the BufferRegistry,
-// the SessionManager (a session's end unregisters its buffers), Admission,
-// the Executor, the op WorkQueue, the TokenSelect service with the standard
-// health and reflection services on every listener, the Prometheus exposer
-// and a reaper thread that expires idle sessions. Health reports SERVING for
+// (host memory by descriptor, CUDA IPC), ServiceMetrics, the BufferRegistry,
+// the SessionManager (a session's end unregisters its buffers and drops its
+// fd tickets), the FdTickets, the MemoryBudget, Admission, the Executor, the
+// op WorkQueue, the TokenSelect service with the standard health and
+// reflection services on every listener, the Prometheus exposer and a reaper
+// thread that expires idle sessions and unredeemed fd tickets. Health reports SERVING for
 // "" and "tokensel.v1.TokenSelect" once all of that is up.
 //
 // Listeners: "unix:///abs/path" (or "unix:rel/path") and "host:port". A stale
@@ -47,6 +48,8 @@
 #include "server/core/backend.h"
 #include "server/core/buffer_registry.h"
 #include "server/core/executor.h"
+#include "server/core/fd_tickets.h"
+#include "server/core/memory_budget.h"
 #include "server/core/region.h"
 #include "server/core/service_metrics.h"
 #include "server/core/session_manager.h"
@@ -71,16 +74,22 @@ struct ServerOptions {
   uint64_t max_message_bytes = uint64_t{64} << 20;
   absl::Duration session_ttl = absl::Seconds(60);
   absl::Duration max_session_ttl = absl::Hours(1);  // raised to session_ttl if lower
+  // Reported to clients as a naming hint for the shm objects they create;
+  // not a security boundary (memory is registered by descriptor).
   std::string shm_prefix = "/tokensel";
-  std::vector<uid_t> trusted_uids;  // empty = the server's effective uid
   std::string unix_socket_group;    // name or gid; empty = the server's gid
   std::string tls_cert_file;        // PEM; TLS on TCP listeners with tls_key_file
   std::string tls_key_file;
   std::string auth_token_file;  // bearer token required on TCP listeners
   bool insecure_tcp = false;    // allow TCP without TLS and/or token
   uint32_t max_buffers = 1024;      // per session
+  uint32_t max_buffers_total = 0;   // all sessions; 0 = min(16384, vm.max_map_count / 4)
   uint32_t max_inflight = 256;
   uint32_t max_sessions = 1024;
+  uint32_t max_sessions_per_peer = 256;
+  // MemoryBudget: 0 = a quarter of physical memory / min(that, 1 GiB).
+  uint64_t memory_budget_bytes = 0;
+  uint64_t max_request_memory_bytes = 0;
   // Per-op work bound (core::EstimateOpWork, elements); 0 = none.
   uint64_t max_op_elements = uint64_t{1} << 34;
   absl::Duration reap_interval = absl::Seconds(1);
@@ -111,6 +120,8 @@ class Server {
   core::BufferRegistry& registry() { return *registry_; }
   core::Admission& admission() { return *admission_; }
   core::ServiceMetrics& metrics() { return *metrics_; }
+  // The fd channel's receiver (the front end serves the socket).
+  core::FdTickets& tickets() { return *tickets_; }
 
  private:
   explicit Server(ServerOptions options);
@@ -121,11 +132,13 @@ class Server {
 
   const ServerOptions options_;
   std::unique_ptr<core::Backend> backend_;
-  std::unique_ptr<core::RegionMapper> host_shm_;
+  std::unique_ptr<core::RegionMapper> host_memory_;
   std::unique_ptr<core::RegionMapper> cuda_ipc_;
   std::unique_ptr<core::ServiceMetrics> metrics_;
   std::unique_ptr<core::BufferRegistry> registry_;
   std::unique_ptr<core::SessionManager> sessions_;
+  std::unique_ptr<core::FdTickets> tickets_;
+  std::unique_ptr<core::MemoryBudget> budget_;
   std::unique_ptr<core::Admission> admission_;
   std::unique_ptr<core::Executor> executor_;
   std::unique_ptr<WorkQueue> workers_;

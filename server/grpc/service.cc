@@ -46,12 +46,22 @@ grpc::ServerUnaryReactor* TokenSelectService::SessionCall(grpc::CallbackServerCo
   if (!session.ok()) return Finish(reactor, timer, session.status());
   absl::StatusOr<core::Admission::Ticket> ticket = deps.admission->Admit();
   if (!ticket.ok()) return Finish(reactor, timer, ticket.status());
+  // The stop token and the memory reservation live until the reply is
+  // finished: the results the work leaves in `response` stay counted.
+  auto run = [ctx, budget = deps.executor->budget(), work = std::move(work)](
+                 const std::string& id) mutable {
+    CallStopToken stop(ctx);
+    core::MemoryBudget::Reservation memory =
+        budget != nullptr ? budget->Open() : core::MemoryBudget::Reservation();
+    const core::RunOptions options{&stop, &memory};
+    return NoThrow([&] { return work(id, options); });
+  };
   if (where == RunOn::kCallbackThread) {
-    return Finish(reactor, timer, work(session->id));
+    return Finish(reactor, timer, run(session->id));
   }
-  deps.workers->Post([reactor, timer, id = std::move(session->id),
-                      ticket = std::move(*ticket), work = std::move(work)]() mutable {
-    absl::Status status = work(id);
+  deps.workers->Post([reactor, timer, id = std::move(session->id), ticket = std::move(*ticket),
+                      run = std::move(run)]() mutable {
+    absl::Status status = run(id);
     ticket = core::Admission::Ticket();  // free the slot before the client sees the reply
     Finish(reactor, timer, status);
   });
@@ -73,9 +83,10 @@ grpc::ServerUnaryReactor* TokenSelectService::OpCall(grpc::CallbackServerContext
                           ? RunOn::kCallbackThread
                           : RunOn::kWorker;
   return SessionCall(ctx, method, where,
-                     [this, op = std::move(op), response](const std::string& session) {
+                     [this, op = std::move(op), response](const std::string& session,
+                                                         const core::RunOptions& options) {
                        RETURN_IF_ERROR(op.status());
-                       return handlers_.RunOp(session, *op, response);
+                       return handlers_.RunOp(session, *op, response, options);
                      });
 }
 
@@ -102,8 +113,8 @@ grpc::ServerUnaryReactor* TokenSelectService::OpenSession(grpc::CallbackServerCo
   absl::StatusOr<core::Admission::Ticket> ticket = deps.admission->Admit();
   if (!ticket.ok()) return Finish(reactor, timer, ticket.status());
   const uint64_t ttl_ms = std::min(request->lease_ttl_ms(), kMaxRequestedTtlMs);
-  absl::StatusOr<core::SessionInfo> session =
-      deps.sessions->Open(request->client_name(), absl::Milliseconds(ttl_ms));
+  absl::StatusOr<core::SessionInfo> session = deps.sessions->Open(
+      request->client_name(), absl::Milliseconds(ttl_ms), handlers_.PeerOf(*ctx));
   if (session.ok()) {
     response->set_session_id(session->id);
     response->set_lease_ttl_ms(ToMillis(session->ttl));
@@ -125,7 +136,7 @@ grpc::ServerUnaryReactor* TokenSelectService::CloseSession(grpc::CallbackServerC
                                                            const v1::CloseSessionRequest*,
                                                            v1::CloseSessionResponse*) {
   return SessionCall(ctx, "CloseSession", RunOn::kCallbackThread,
-                     [this](const std::string& session) {
+                     [this](const std::string& session, const core::RunOptions&) {
                        return handlers_.deps().sessions->Close(session);
                      });
 }
@@ -135,7 +146,8 @@ grpc::ServerUnaryReactor* TokenSelectService::RegisterBuffer(
     v1::RegisterBufferResponse* response) {
   // Mapping may take a while (cudaIpcOpenMemHandle): a worker does it.
   return SessionCall(ctx, "RegisterBuffer", RunOn::kWorker,
-                     [this, request, response](const std::string& session) {
+                     [this, request, response](const std::string& session,
+                                               const core::RunOptions&) {
                        return handlers_.Register(session, *request, response);
                      });
 }
@@ -144,7 +156,7 @@ grpc::ServerUnaryReactor* TokenSelectService::UnregisterBuffer(
     grpc::CallbackServerContext* ctx, const v1::UnregisterBufferRequest* request,
     v1::UnregisterBufferResponse*) {
   return SessionCall(ctx, "UnregisterBuffer", RunOn::kCallbackThread,
-                     [this, request](const std::string& session) {
+                     [this, request](const std::string& session, const core::RunOptions&) {
                        return handlers_.Unregister(session, *request);
                      });
 }
@@ -153,7 +165,7 @@ grpc::ServerUnaryReactor* TokenSelectService::ListBuffers(grpc::CallbackServerCo
                                                           const v1::ListBuffersRequest*,
                                                           v1::ListBuffersResponse* response) {
   return SessionCall(ctx, "ListBuffers", RunOn::kCallbackThread,
-                     [this, response](const std::string& session) {
+                     [this, response](const std::string& session, const core::RunOptions&) {
                        for (const core::BufferInfo& info :
                             handlers_.deps().registry->List(session)) {
                          BufferInfoToProto(info, response->add_buffers());
@@ -214,8 +226,9 @@ grpc::ServerUnaryReactor* TokenSelectService::Execute(grpc::CallbackServerContex
                                                       const v1::ExecuteRequest* request,
                                                       v1::ExecuteResponse* response) {
   return SessionCall(ctx, "Execute", RunOn::kWorker,
-                     [this, request, response](const std::string& session) {
-                       return handlers_.Execute(session, *request, response);
+                     [this, request, response](const std::string& session,
+                                               const core::RunOptions& options) {
+                       return handlers_.Execute(session, *request, response, options);
                      });
 }
 

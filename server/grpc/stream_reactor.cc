@@ -1,5 +1,6 @@
 #include "server/grpc/stream_reactor.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/log.h"
@@ -10,27 +11,36 @@ namespace tokensel::server {
 
 StreamReactor* StreamReactor::Start(const Handlers* handlers, grpc::CallbackServerContext* ctx) {
   auto* reactor = new StreamReactor(handlers, ctx);
-  reactor->Begin(ctx);
+  reactor->Begin();
   return reactor;
 }
 
-StreamReactor::StreamReactor(const Handlers* handlers, grpc::CallbackServerContext*)
-    : handlers_(handlers), timer_(handlers->deps().metrics, "Stream") {}
+StreamReactor::StreamReactor(const Handlers* handlers, grpc::CallbackServerContext* ctx)
+    : handlers_(handlers),
+      ctx_(ctx),
+      timer_(handlers->deps().metrics, "Stream"),
+      stop_(ctx),
+      max_queued_bytes_(static_cast<size_t>(
+          std::max<uint64_t>(handlers->deps().description.max_message_bytes, 1 << 20))) {}
 
-void StreamReactor::Begin(grpc::CallbackServerContext* ctx) {
+void StreamReactor::Begin() {
   core::SessionManager& sessions = *handlers_->deps().sessions;
+  peer_ = handlers_->PeerOf(*ctx_);
   absl::Status status;
-  if (std::optional<std::string> id = Handlers::SessionMetadata(*ctx); id.has_value()) {
-    status = sessions.Touch(*id).status();
+  if (std::optional<std::string> id = Handlers::SessionMetadata(*ctx_); id.has_value()) {
+    status = sessions.Touch(*id, peer_).status();
     session_ = std::move(*id);
   } else {
-    absl::StatusOr<core::SessionInfo> opened = sessions.Open("stream", absl::ZeroDuration());
+    absl::StatusOr<core::SessionInfo> opened = sessions.Open("stream", absl::ZeroDuration(), peer_);
     status = opened.status();
     if (opened.ok()) {
       session_ = std::move(opened->id);
       owns_session_ = true;
     }
   }
+  // The stream keeps its session alive, however quiet it is.
+  if (status.ok()) status = sessions.Pin(session_);
+  pinned_ = status.ok();
   if (!status.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -39,30 +49,43 @@ void StreamReactor::Begin(grpc::CallbackServerContext* ctx) {
     FinishNow(status);
     return;
   }
+  bool read = false;
   {
     absl::MutexLock lock(&mu_);
-    reading_ = true;
+    read = ClaimReadLocked();
   }
-  StartRead(&read_);
+  if (read) StartRead(&read_);
+}
+
+bool StreamReactor::ClaimReadLocked() {
+  if (reading_ || half_closed_ || cancelled_ || finished_) return false;
+  if (pending_.size() + writes_.size() >= kMaxQueued || queued_bytes_ >= max_queued_bytes_) {
+    return false;  // back-pressure: reading resumes as the queues drain
+  }
+  reading_ = true;
+  return true;
 }
 
 void StreamReactor::OnReadDone(bool ok) {
   std::optional<absl::Status> finish;
   bool read_again = false;
   bool post = false;
+  std::optional<Pending> pending;
   if (ok) {
-    Pending pending{std::move(read_), handlers_->deps().admission->Admit()};
+    const size_t bytes = read_.ByteSizeLong();
+    pending.emplace(Pending{std::move(read_), handlers_->deps().admission->Admit(), bytes});
     read_.Clear();
-    absl::MutexLock lock(&mu_);
-    if (!cancelled_) {
-      pending_.push_back(std::move(pending));
-      read_again = true;
-      if (!processing_) post = processing_ = true;
-    }
   }
   {
     absl::MutexLock lock(&mu_);
-    reading_ = read_again;
+    reading_ = false;
+    if (!ok) half_closed_ = true;
+    if (pending.has_value() && !cancelled_) {
+      queued_bytes_ += pending->bytes;
+      pending_.push_back(*std::move(pending));
+      if (!processing_) post = processing_ = true;
+    }
+    read_again = ClaimReadLocked();
     if (!read_again) finish = ShouldFinishLocked();
   }
   if (read_again) StartRead(&read_);
@@ -82,38 +105,47 @@ void StreamReactor::ProcessNext() {
     } else {
       next.emplace(std::move(pending_.front()));
       pending_.pop_front();
+      queued_bytes_ -= std::min(queued_bytes_, next->bytes);
     }
   }
   if (!next.has_value()) {
     if (finish.has_value()) FinishNow(*finish);
     return;
   }
-  Write(Answer(std::move(*next)));
+  Write(Answer(*std::move(next)));
   // One request per task, so that busy streams take turns on the workers.
   handlers_->deps().workers->Post([this] { ProcessNext(); });
 }
 
-v1::StreamResponse StreamReactor::Answer(Pending pending) const {
-  v1::StreamResponse response;
-  response.set_request_id(pending.request.request_id());
+StreamReactor::Outgoing StreamReactor::Answer(Pending pending) const {
+  Outgoing out;
+  out.response.set_request_id(pending.request.request_id());
+  core::MemoryBudget* budget = handlers_->deps().executor->budget();
+  if (budget != nullptr) out.memory = budget->Open();
   absl::Status status = pending.ticket.status();
-  if (status.ok()) status = Dispatch(pending.request, &response);
-  if (!status.ok()) {
-    response.clear_response();
-    response.set_code(static_cast<int>(status.code()));
-    response.set_message(std::string(status.message()));
+  if (status.ok()) {
+    const core::RunOptions options{&stop_, &out.memory};
+    status = NoThrow([&] { return Dispatch(pending.request, &out.response, options); });
   }
-  return response;  // `pending` (and its admission ticket) ends here
+  if (!status.ok()) {
+    out.response.clear_response();
+    out.response.set_code(static_cast<int>(status.code()));
+    out.response.set_message(std::string(status.message()));
+    out.memory = core::MemoryBudget::Reservation();
+  }
+  out.bytes = out.response.ByteSizeLong();
+  return out;  // `pending` (and its admission ticket) ends here
 }
 
 absl::Status StreamReactor::Dispatch(const v1::StreamRequest& request,
-                                     v1::StreamResponse* response) const {
-  RETURN_IF_ERROR(handlers_->deps().sessions->Touch(session_).status());
+                                     v1::StreamResponse* response,
+                                     const core::RunOptions& options) const {
+  RETURN_IF_ERROR(handlers_->deps().sessions->Touch(session_, peer_).status());
   switch (request.request_case()) {
     case v1::StreamRequest::kOp:
-      return handlers_->RunOp(session_, request.op(), response->mutable_op(), "op.");
+      return handlers_->RunOp(session_, request.op(), response->mutable_op(), options, "op.");
     case v1::StreamRequest::kExecute:
-      return handlers_->Execute(session_, request.execute(), response->mutable_execute());
+      return handlers_->Execute(session_, request.execute(), response->mutable_execute(), options);
     case v1::StreamRequest::kRegisterBuffer:
       return handlers_->Register(session_, request.register_buffer(),
                                  response->mutable_register_buffer());
@@ -128,37 +160,47 @@ absl::Status StreamReactor::Dispatch(const v1::StreamRequest& request,
       "request: set one of op, execute, register_buffer, unregister_buffer");
 }
 
-void StreamReactor::Write(v1::StreamResponse response) {
+void StreamReactor::Write(Outgoing out) {
   const v1::StreamResponse* start = nullptr;
+  bool read = false;
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_) return;
-    writes_.push_back(std::move(response));
-    if (writing_) return;
-    writing_ = true;
-    start = &writes_.front();  // deque: stays valid while later entries are appended
+    if (cancelled_) return;  // `out` and its reservation are dropped
+    queued_bytes_ += out.bytes;
+    writes_.push_back(std::move(out));
+    if (!writing_) {
+      writing_ = true;
+      start = &writes_.front().response;  // deque: stays valid while entries are appended
+    }
+    read = ClaimReadLocked();
   }
-  StartWrite(start);
+  if (start != nullptr) StartWrite(start);
+  if (read) StartRead(&read_);
 }
 
 void StreamReactor::OnWriteDone(bool ok) {
   const v1::StreamResponse* next = nullptr;
   std::optional<absl::Status> finish;
+  bool read = false;
   {
     absl::MutexLock lock(&mu_);
-    writes_.pop_front();
+    queued_bytes_ -= std::min(queued_bytes_, writes_.front().bytes);
+    writes_.pop_front();  // its reservation is released: the bytes are gRPC's now
     if (!ok) {
       cancelled_ = true;
+      for (const Outgoing& w : writes_) queued_bytes_ -= std::min(queued_bytes_, w.bytes);
       writes_.clear();
     }
     if (writes_.empty()) {
       writing_ = false;
-      finish = ShouldFinishLocked();
     } else {
-      next = &writes_.front();
+      next = &writes_.front().response;
     }
+    read = ClaimReadLocked();
+    if (next == nullptr && !read) finish = ShouldFinishLocked();
   }
   if (next != nullptr) StartWrite(next);
+  if (read) StartRead(&read_);
   if (finish.has_value()) FinishNow(*finish);
 }
 
@@ -174,6 +216,9 @@ void StreamReactor::OnCancel() {
 
 std::optional<absl::Status> StreamReactor::ShouldFinishLocked() {
   if (finished_ || reading_ || processing_ || writing_) return std::nullopt;
+  // A stream that stopped reading for back-pressure is not over: its queues
+  // are empty now, and the caller starts the next read.
+  if (!half_closed_ && !cancelled_) return std::nullopt;
   finished_ = true;
   if (cancelled_) return absl::CancelledError("stream cancelled");
   return absl::OkStatus();
@@ -185,11 +230,14 @@ void StreamReactor::FinishNow(const absl::Status& status) {
 }
 
 void StreamReactor::OnDone() {
+  core::SessionManager& sessions = *handlers_->deps().sessions;
   if (owns_session_) {
-    absl::Status closed = handlers_->deps().sessions->Close(session_);
+    absl::Status closed = sessions.Close(session_);
     if (!closed.ok()) {
       TS_LOG(DEBUG) << "stream session already ended: " << closed;
     }
+  } else if (pinned_) {
+    sessions.Unpin(session_);
   }
   delete this;
 }

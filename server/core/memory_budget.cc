@@ -1,0 +1,80 @@
+#include "server/core/memory_budget.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/service_metrics.h"
+
+namespace tokensel::core {
+
+MemoryBudget::MemoryBudget(uint64_t total_bytes, uint64_t per_request_bytes,
+                           ServiceMetrics* metrics)
+    : total_bytes_(total_bytes),
+      per_request_bytes_(std::min(per_request_bytes, total_bytes)),
+      metrics_(metrics) {}
+
+uint64_t MemoryBudget::used_bytes() const {
+  tokensel::MutexLock lock(&mu_);
+  return used_;
+}
+
+absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view what) {
+  // held <= per_request_bytes_ always: no overflow below.
+  if (bytes > per_request_bytes_ - held) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": needs ", bytes, " bytes of server memory (", held,
+        " already held by this request), above the per-request limit of ", per_request_bytes_,
+        " (--max_request_memory_bytes)"));
+  }
+  tokensel::MutexLock lock(&mu_);
+  if (bytes > total_bytes_ - used_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": needs ", bytes, " bytes of server memory, but requests in flight hold ", used_,
+        " of the server's ", total_bytes_, " (--memory_budget_bytes); retry later"));
+  }
+  used_ += bytes;
+  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+  return absl::OkStatus();
+}
+
+void MemoryBudget::Give(uint64_t bytes) {
+  tokensel::MutexLock lock(&mu_);
+  used_ -= std::min(bytes, used_);
+  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+}
+
+MemoryBudget::Reservation::Reservation(Reservation&& other) noexcept
+    : budget_(std::exchange(other.budget_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+MemoryBudget::Reservation& MemoryBudget::Reservation::operator=(Reservation&& other) noexcept {
+  if (this != &other) {
+    if (budget_ != nullptr && bytes_ != 0) budget_->Give(bytes_);
+    budget_ = std::exchange(other.budget_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+MemoryBudget::Reservation::~Reservation() {
+  if (budget_ != nullptr && bytes_ != 0) budget_->Give(bytes_);
+}
+
+absl::Status MemoryBudget::Reservation::Grow(uint64_t bytes, absl::string_view what) {
+  if (bytes == 0) return absl::OkStatus();
+  if (budget_ != nullptr) {
+    absl::Status s = budget_->Take(bytes_, bytes, what);
+    if (!s.ok()) return s;
+  }
+  bytes_ = bytes > UINT64_MAX - bytes_ ? UINT64_MAX : bytes_ + bytes;  // saturates unbound
+  return absl::OkStatus();
+}
+
+void MemoryBudget::Reservation::Shrink(uint64_t bytes) {
+  bytes = std::min(bytes, bytes_);
+  if (bytes == 0) return;
+  if (budget_ != nullptr) budget_->Give(bytes);
+  bytes_ -= bytes;
+}
+
+}  // namespace tokensel::core
