@@ -177,7 +177,7 @@ absl::Status Bench(int* exit_code) {
     clients.push_back(c.WithSession(session->id()));
     ASSIGN_OR_RETURN(std::unique_ptr<Workload> workload,
                      Workload::Create(sequence, sh, w, SeedFlag(), config.by_reference,
-                                      info.shm_prefix(), session.get()));
+                                      session.get()));
     workloads.push_back(std::move(workload));
   }
   const bool json = absl::GetFlag(FLAGS_json);

@@ -144,7 +144,6 @@ absl::StatusOr<std::vector<BenchOp>> ParseMix(absl::string_view mix) {
 absl::StatusOr<std::unique_ptr<Workload>> Workload::Create(const std::vector<BenchOp>& ops,
                                                            const BenchShapes& sh, int worker,
                                                            uint64_t seed, bool by_reference,
-                                                           const std::string& shm_prefix,
                                                            client::Session* session) {
   if (sh.batch < 1 || sh.seq < 1 || sh.retained < 1 || sh.retained > sh.seq || sh.channels < 1 ||
       sh.layers < 1 || sh.segments < 1 || sh.segments > sh.seq) {
@@ -236,8 +235,8 @@ absl::StatusOr<std::unique_ptr<Workload>> Workload::Create(const std::vector<Ben
     if (session == nullptr) return absl::InvalidArgumentError("by reference needs a session");
     ASSIGN_OR_RETURN(
         client::SharedRegion region,
-        client::SharedRegion::Create(client::SharedRegion::UniqueName(shm_prefix, buffer),
-                                     tb.size(), {.required_prefix = shm_prefix}));
+        client::SharedRegion::CreateSealed(client::SharedRegion::UniqueName("", buffer),
+                                           tb.size()));
     tb.CopyInto(region.data());
     RETURN_IF_ERROR(session->RegisterBuffer(region.RegisterRequest(buffer)).status());
     w->region_.emplace(std::move(region));

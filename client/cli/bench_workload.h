@@ -52,12 +52,11 @@ struct BenchShapes {
 class Workload {
  public:
   // Builds the requests of `ops` (duplicates allowed) for worker `worker`.
-  // By reference: creates a shm region named after `shm_prefix` and
-  // registers it as buffer "bench-w<worker>" in `session`.
+  // By reference: creates a sealed memfd region and registers it as buffer
+  // "bench-w<worker>" in `session`.
   static absl::StatusOr<std::unique_ptr<Workload>> Create(const std::vector<BenchOp>& ops,
                                                           const BenchShapes& shapes, int worker,
                                                           uint64_t seed, bool by_reference,
-                                                          const std::string& shm_prefix,
                                                           client::Session* session);
 
   // One call of `op` through `client` (session-bound). Checks that inline

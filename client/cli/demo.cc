@@ -53,7 +53,7 @@ absl::Status Demo() {
               info.backend().c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<client::Session> session, OpenSession(client, "tokensel-demo"));
   ASSIGN_OR_RETURN(std::unique_ptr<DemoWorker> worker,
-                   DemoWorker::Create(session.get(), info.shm_prefix(), shapes, seed));
+                   DemoWorker::Create(session.get(), shapes, seed));
   std::vector<int64_t> schedule;
   for (int64_t l = 0; l < shapes.layers; ++l)
     schedule.push_back(RetainedTokens(l, shapes.layers, shapes.seq));

@@ -85,7 +85,6 @@ int64_t RetainedTokens(int64_t layer, int64_t layers, int64_t seq) {
 }
 
 absl::StatusOr<std::unique_ptr<DemoWorker>> DemoWorker::Create(client::Session* session,
-                                                               const std::string& shm_prefix,
                                                                const DemoShapes& sh,
                                                                uint64_t seed) {
   const int64_t B = sh.batch, S = sh.seq, C = sh.channels;
@@ -111,8 +110,7 @@ absl::StatusOr<std::unique_ptr<DemoWorker>> DemoWorker::Create(client::Session* 
   place("q_cu_seqlens", (TB * NS + 1) * 4);
   ASSIGN_OR_RETURN(
       client::SharedRegion region,
-      client::SharedRegion::Create(client::SharedRegion::UniqueName(shm_prefix, "demo"), used,
-                                   {.required_prefix = shm_prefix}));
+      client::SharedRegion::CreateSealed(client::SharedRegion::UniqueName("", "demo"), used));
   std::unique_ptr<DemoWorker> w(new DemoWorker(std::move(region), std::move(slots), sh, seed));
   w->session_ = session;
   uint8_t* base = w->region_.data();

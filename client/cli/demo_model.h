@@ -55,11 +55,10 @@ int64_t RetainedTokens(int64_t layer, int64_t layers, int64_t seq);
 
 class DemoWorker {
  public:
-  // Maps the arena (named under `shm_prefix`), fills activations and masks
-  // and registers it as buffer "demo-arena" in `session`; later calls go
+  // Maps the arena (a sealed memfd), fills activations and masks and
+  // registers it as buffer "demo-arena" in `session`; later calls go
   // through session->client().
   static absl::StatusOr<std::unique_ptr<DemoWorker>> Create(client::Session* session,
-                                                            const std::string& shm_prefix,
                                                             const DemoShapes& shapes,
                                                             uint64_t seed);
 

@@ -1,6 +1,12 @@
 #include "tokensel/client/client.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -9,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "tokensel/client/fd_channel.h"
 #include "tokensel/client/status.h"
 
 namespace tokensel::client {
@@ -65,17 +72,19 @@ absl::StatusOr<Client> Client::Connect(absl::string_view target, ClientOptions o
   }
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(std::string(target), credentials, args);
-  return Client(std::move(channel), std::move(options));
+  return Client(std::move(channel), std::move(options), std::string(target));
 }
 
 Client Client::FromChannel(std::shared_ptr<grpc::Channel> channel, ClientOptions options) {
-  return Client(std::move(channel), std::move(options));
+  return Client(std::move(channel), std::move(options), "");
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string target)
     : channel_(std::move(channel)),
       stub_(v1::TokenSelect::NewStub(channel_)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      fd_channel_path_(!options_.fd_channel.empty() ? options_.fd_channel
+                                                    : FdChannelPath(target)) {}
 
 Client Client::WithSession(std::string session_id) const {
   Client copy = *this;
@@ -140,6 +149,43 @@ absl::Status Client::CloseSession() const {
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterBuffer(
     const v1::RegisterBufferRequest& request) const {
+  if (request.has_host_shm()) {
+    // Opened here, with this process's rights, never by the server.
+    const v1::HostShm& shm = request.host_shm();
+    const int fd = shm_open(shm.shm_name().c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+      const int err = errno;
+      const std::string message =
+          absl::StrCat("host_shm.shm_name \"", shm.shm_name(), "\": ", std::strerror(err));
+      if (err == ENOENT) return absl::NotFoundError(message);
+      if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(message);
+      return absl::InvalidArgumentError(message);
+    }
+    absl::StatusOr<v1::BufferInfo> info = RegisterFd(request.name(), fd, shm.offset(), shm.size());
+    ::close(fd);
+    return info;
+  }
+  if (request.has_fd()) {
+    const int local = ParseLocalFdTicket(request.fd().ticket());
+    if (local >= 0) return RegisterFd(request.name(), local, request.fd().offset(), request.fd().size());
+  }
+  absl::StatusOr<v1::RegisterBufferResponse> response =
+      Unary(&v1::TokenSelect::Stub::RegisterBuffer, request);
+  if (!response.ok()) return response.status();
+  return response->buffer();
+}
+
+absl::StatusOr<v1::BufferInfo> Client::RegisterFd(std::string name, int fd, uint64_t offset,
+                                                  uint64_t size) const {
+  absl::StatusOr<v1::FdChannelReply> reply =
+      SendFd(fd_channel_path_, session_id_, v1::FD_KIND_HOST_MEMORY, fd, options_.deadline);
+  if (!reply.ok()) return reply.status();
+  v1::RegisterBufferRequest request;
+  request.set_name(std::move(name));
+  v1::PassedFd* passed = request.mutable_fd();
+  passed->set_ticket(reply->ticket());
+  passed->set_offset(offset);
+  passed->set_size(size);
   absl::StatusOr<v1::RegisterBufferResponse> response =
       Unary(&v1::TokenSelect::Stub::RegisterBuffer, request);
   if (!response.ok()) return response.status();

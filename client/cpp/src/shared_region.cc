@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tokensel/client/fd_channel.h"
 
 namespace tokensel::client {
 namespace {
@@ -50,13 +51,28 @@ absl::Status CheckName(absl::string_view name, absl::string_view required_prefix
   return absl::OkStatus();
 }
 
-// Maps `fd` (closed here either way) read-write.
+// Maps `fd` read-write (closes it on failure).
 absl::StatusOr<uint8_t*> MapFd(int fd, uint64_t size, absl::string_view name) {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) return ErrnoStatus(err, "mmap", name);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, "mmap", name);
+  }
   return static_cast<uint8_t*>(p);
+}
+
+// Gives `fd` its pages now, charged to this process (a first touch by the
+// server would charge them to the server's memory cgroup), and fails early
+// when the memory is not there.
+absl::Status Allocate(int fd, uint64_t size, absl::string_view name) {
+  const int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (err == 0 || err == EOPNOTSUPP) return absl::OkStatus();
+  if (err == ENOSPC || err == ENOMEM) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("fallocate ", name, ": ", size, " bytes: ", std::strerror(err)));
+  }
+  return ErrnoStatus(err, "fallocate", name);
 }
 
 }  // namespace
@@ -71,11 +87,13 @@ absl::StatusOr<SharedRegion> SharedRegion::Create(std::string name, uint64_t siz
   }
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, "shm_open", name);
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    const int err = errno;
+  absl::Status sized = ftruncate(fd, static_cast<off_t>(size)) == 0
+                           ? Allocate(fd, size, name)
+                           : ErrnoStatus(errno, "ftruncate", name);
+  if (!sized.ok()) {
     close(fd);
     shm_unlink(name.c_str());
-    return ErrnoStatus(err, "ftruncate", name);
+    return sized;
   }
   absl::StatusOr<uint8_t*> data = MapFd(fd, size, name);
   if (!data.ok()) {
@@ -86,7 +104,43 @@ absl::StatusOr<SharedRegion> SharedRegion::Create(std::string name, uint64_t siz
   region.name_ = std::move(name);
   region.size_ = size;
   region.data_ = *data;
+  region.fd_ = fd;
   region.unlink_ = options.unlink_on_destroy;
+  return region;
+}
+
+absl::StatusOr<SharedRegion> SharedRegion::CreateSealed(absl::string_view label, uint64_t size) {
+  if (label.size() > 200) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memfd label is ", label.size(), " characters; at most 200"));
+  }
+  if (size == 0 || size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memfd ", label, ": size ", size, " must be in [1, 2^63)"));
+  }
+  const std::string name = absl::StrCat("memfd:", label);
+  const int fd =
+      memfd_create(absl::StrCat("tokensel-", label).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return ErrnoStatus(errno, "memfd_create", name);
+  absl::Status sized = ftruncate(fd, static_cast<off_t>(size)) == 0
+                           ? Allocate(fd, size, name)
+                           : ErrnoStatus(errno, "ftruncate", name);
+  // Its size is fixed from now on: the server's mapping can never lose pages.
+  if (sized.ok() && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    sized = ErrnoStatus(errno, "fcntl(F_ADD_SEALS)", name);
+  }
+  if (!sized.ok()) {
+    close(fd);
+    return sized;
+  }
+  absl::StatusOr<uint8_t*> data = MapFd(fd, size, name);
+  if (!data.ok()) return data.status();
+  SharedRegion region;
+  region.name_ = name;
+  region.size_ = size;
+  region.data_ = *data;
+  region.fd_ = fd;
+  region.unlink_ = false;
   return region;
 }
 
@@ -112,6 +166,7 @@ absl::StatusOr<SharedRegion> SharedRegion::Open(std::string name, SharedRegionOp
   region.name_ = std::move(name);
   region.size_ = size;
   region.data_ = *data;
+  region.fd_ = fd;
   region.unlink_ = false;
   return region;
 }
@@ -129,6 +184,7 @@ SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {
     name_ = std::exchange(other.name_, std::string());
     size_ = std::exchange(other.size_, 0);
     data_ = std::exchange(other.data_, nullptr);
+    fd_ = std::exchange(other.fd_, -1);
     unlink_ = std::exchange(other.unlink_, false);
   }
   return *this;
@@ -138,26 +194,23 @@ SharedRegion::~SharedRegion() { Reset(); }
 
 void SharedRegion::Reset() {
   if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
   if (unlink_ && !name_.empty()) shm_unlink(name_.c_str());
   data_ = nullptr;
+  fd_ = -1;
   size_ = 0;
   unlink_ = false;
   name_.clear();
-}
-
-v1::HostShm SharedRegion::HostShm(uint64_t offset, uint64_t size) const {
-  v1::HostShm shm;
-  shm.set_shm_name(name_);
-  shm.set_offset(offset);
-  shm.set_size(size != 0 ? size : (offset < size_ ? size_ - offset : 0));
-  return shm;
 }
 
 v1::RegisterBufferRequest SharedRegion::RegisterRequest(std::string buffer_name, uint64_t offset,
                                                         uint64_t size) const {
   v1::RegisterBufferRequest request;
   request.set_name(std::move(buffer_name));
-  *request.mutable_host_shm() = HostShm(offset, size);
+  v1::PassedFd* passed = request.mutable_fd();
+  passed->set_ticket(LocalFdTicket(fd_));
+  passed->set_offset(offset);
+  passed->set_size(size != 0 ? size : (offset < size_ ? size_ - offset : 0));
   return request;
 }
 

@@ -29,25 +29,31 @@ import threading
 import grpc
 
 from tokensel import cuda_ipc, errors, shm
+from tokensel import fd_channel as fd_channel_module
 from tokensel.ops import OP_NAMES, OpBuilder
 from tokensel.v1 import tokensel_pb2 as pb
 from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
 
 SESSION_KEY = "tokensel-session"
 
-# A registered buffer: where it is mapped here, and how to register it again.
-_Region = collections.namedtuple("_Region", "address size device owner request")
+# A registered buffer: where it is mapped here, and how to register it again
+# (`fd`: the descriptor sent on the fd channel before each registration).
+_Region = collections.namedtuple("_Region", "address size device owner request fd")
 
 
 class Client:
     """A session with one server. `target`: "unix:///path" or "host:port".
     `timeout`: default deadline (seconds) of every call; `lease_ttl`:
-    requested session lease in seconds (None = the server default)."""
+    requested session lease in seconds (None = the server default);
+    `fd_channel`: the server's fd channel (default: derived from a unix
+    target), through which shared memory is registered."""
 
-    def __init__(self, target="unix:///tmp/tokensel.sock", *, client_name="tokensel-python",
+    def __init__(self, target="unix:///run/tokensel/tokensel.sock", *,
+                 client_name="tokensel-python",
                  timeout=30.0, lease_ttl=None, max_message_bytes=64 << 20, keepalive=True,
-                 auto_reopen=True):
+                 auto_reopen=True, fd_channel=None):
         self.target = target
+        self.fd_channel = fd_channel or fd_channel_module.channel_path(target)
         self.timeout = timeout
         self.auto_reopen = auto_reopen
         self._client_name = client_name
@@ -142,7 +148,7 @@ class Client:
         for region in regions:
             name = region.request.name
             try:
-                self.call("RegisterBuffer", region.request)
+                self.call("RegisterBuffer", self._with_ticket(region.request, region.fd))
             except errors.AlreadyExistsError:  # registered meanwhile by _register
                 continue
             with self._lock:
@@ -211,16 +217,19 @@ class Client:
     # ------------------------------------------------------------- buffers --
 
     def shared_buffer(self, nbytes, *, name=None):
-        """Creates a POSIX shm object of `nbytes` under the server's
-        shm_prefix, maps it and registers it as `name` (default: the shm
-        name). Returns a SharedBuffer (a context manager)."""
-        region = shm.ShmRegion(shm.unique_shm_name(self.server_info.shm_prefix), int(nbytes))
-        name = name or region.shm_name.lstrip("/")
+        """Creates shared memory of `nbytes` (a sealed memfd: it cannot
+        shrink under the server, and no other process can open it), maps it
+        and registers it as `name` (default: a unique "py-<pid>-<n>") by
+        handing its descriptor to the server. Needs a unix socket target.
+        Returns a SharedBuffer (a context manager)."""
+        label = shm.unique_label()
+        region = shm.ShmRegion(label, int(nbytes))
+        name = name or label
         buf = shm.SharedBuffer(self, region, name)
         try:
             self._register(name, pb.RegisterBufferRequest(
-                name=name, host_shm=pb.HostShm(shm_name=region.shm_name, size=region.size)),
-                region.address, region.size, "cpu", buf)
+                name=name, fd=pb.PassedFd(offset=0, size=region.size)),
+                region.address, region.size, "cpu", buf, fd=region.fd)
         except BaseException:
             region.close()
             raise
@@ -239,10 +248,21 @@ class Client:
             spec.address, spec.size, spec.device, buf)
         return buf
 
-    def _register(self, name, request, address, size, device, owner):
-        self.call("RegisterBuffer", request)
+    def _with_ticket(self, request, fd):
+        """`request`, with a fresh fd channel ticket for `fd` when it has one."""
+        if fd is None:
+            return request
+        reply = fd_channel_module.send_fd(self.fd_channel, self.session_id, fd,
+                                          timeout=self.timeout)
+        ticketed = pb.RegisterBufferRequest()
+        ticketed.CopyFrom(request)
+        ticketed.fd.ticket = reply.ticket
+        return ticketed
+
+    def _register(self, name, request, address, size, device, owner, fd=None):
+        self.call("RegisterBuffer", self._with_ticket(request, fd))
         with self._lock:
-            self._regions[name] = _Region(address, size, device, owner, request)
+            self._regions[name] = _Region(address, size, device, owner, request, fd)
 
     def _unregister(self, buf):
         with self._lock:

@@ -1,17 +1,19 @@
-"""POSIX shared memory for tokensel buffers.
+"""Shared memory for tokensel buffers.
 
-`ShmRegion` owns one shm object (shm_open + ftruncate + mmap, created with
-O_EXCL and mode 0600 so only this uid can open it) and hands out numpy /
-torch views of it. `SharedBuffer` is a region registered with a session;
-`Client.shared_buffer()` creates one. Closing a SharedBuffer unregisters it
-and unlinks the object; the mapping goes away with the last view of it.
+`ShmRegion` owns one anonymous memfd (memfd_create, sized with ftruncate and
+fallocate, then sealed against shrinking and growing, so the server's mapping
+can never lose pages and nobody else can open it) and hands out numpy / torch
+views of it. It keeps the descriptor: registration hands it to the server over
+the fd channel (fd_channel.py), also again after a session re-open.
+`SharedBuffer` is a region registered with a session; `Client.shared_buffer()`
+creates one. Closing a SharedBuffer unregisters it and closes the descriptor;
+the mapping goes away with the last view of it.
 """
 import ctypes
-import ctypes.util
+import fcntl
 import itertools
 import mmap
 import os
-import secrets
 
 import numpy as np
 
@@ -20,59 +22,39 @@ from tokensel import dtypes
 _counter = itertools.count()
 
 
-def _libc_function(name):
-    for lib in (None, ctypes.util.find_library("rt")):  # glibc >= 2.34 has them in libc
-        try:
-            fn = getattr(ctypes.CDLL(lib, use_errno=True), name)
-        except (OSError, AttributeError):
-            continue
-        return fn
-    raise OSError("%s is not available in this C library" % name)
-
-
-def _shm_call(name, *args):
-    fn = _libc_function(name)
-    fn.restype = ctypes.c_int
-    result = fn(*args)
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, "%s(%s): %s" % (name, args[0].decode(), os.strerror(err)))
-    return result
-
-
-def unique_shm_name(prefix):
-    """`prefix` + "py-<pid>-<n>-<random>", a fresh shm object name."""
-    if not prefix.startswith("/"):
-        raise ValueError("shm prefix %r must start with '/'" % prefix)
-    return "%spy-%d-%d-%s" % (prefix, os.getpid(), next(_counter), secrets.token_hex(4))
+def unique_label(tag="py"):
+    """"<tag>-<pid>-<n>": a label for /proc/<pid>/fd listings."""
+    return "%s-%d-%d" % (tag, os.getpid(), next(_counter))
 
 
 class ShmRegion:
-    """A newly created POSIX shm object of `size` bytes (> 0), mapped
-    read-write. Not thread-safe; close() is idempotent."""
+    """A new sealed memfd of `size` bytes (> 0), mapped read-write. Not
+    thread-safe; close() is idempotent."""
 
-    def __init__(self, shm_name, size):
+    def __init__(self, label, size):
         if size <= 0:
             raise ValueError("shared buffer size must be > 0, got %d" % size)
-        self.shm_name = shm_name
+        self.shm_name = "memfd:tokensel-" + label
         self.size = size
-        encoded = shm_name.encode()
-        fd = _shm_call("shm_open", encoded,
-                       os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                       ctypes.c_uint(0o600))
+        fd = os.memfd_create("tokensel-" + label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
+            try:  # the pages are charged to this process, not to the server
+                os.posix_fallocate(fd, 0, size)
+            except OSError as err:
+                if err.errno not in (95,):  # EOPNOTSUPP: left to first touch
+                    raise
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._mmap = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            _shm_call("shm_unlink", encoded)
             raise
-        os.close(fd)  # the mapping stays valid
+        self.fd = fd
         anchor = ctypes.c_char.from_buffer(self._mmap)
         self.address = ctypes.addressof(anchor)
         del anchor
-        self._linked = True
 
     @property
     def closed(self):
@@ -118,17 +100,15 @@ class ShmRegion:
         flat = torch.frombuffer(self._mmap, dtype=torch_dtype, count=count, offset=offset)
         return flat.as_strided(shape, tuple(strides))
 
-    def unlink(self):
-        if self._linked:
-            self._linked = False
-            _shm_call("shm_unlink", self.shm_name.encode())
-
     def close(self):
-        """Unlinks the name and drops this object's reference to the mapping.
-        The mapping is never closed explicitly: numpy views hold a reference
-        to the mmap but not a buffer export, so an explicit munmap under a
-        live view would crash. It is unmapped when the last view is gone."""
-        self.unlink()
+        """Closes the descriptor and drops this object's reference to the
+        mapping. The mapping is never closed explicitly: numpy views hold a
+        reference to the mmap but not a buffer export, so an explicit munmap
+        under a live view would crash. It is unmapped when the last view is
+        gone."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         self._mmap = None
 
     def __del__(self):
@@ -167,7 +147,7 @@ class SharedBuffer:
         return self.region.torch(dtype, shape, offset, strides)
 
     def close(self):
-        """Unregisters (if the session is still open) and unlinks.
+        """Unregisters (if the session is still open) and releases the memory.
         Idempotent. Raises the unregister error after cleaning up locally."""
         if self.region.closed:
             return

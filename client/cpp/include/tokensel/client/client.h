@@ -45,7 +45,7 @@ namespace v1 = ::tokensel::v1;
 // The metadata key that carries the session id.
 inline constexpr char kSessionMetadataKey[] = "tokensel-session";
 // The server's default listen address.
-inline constexpr char kDefaultTarget[] = "unix:///tmp/tokensel.sock";
+inline constexpr char kDefaultTarget[] = "unix:///run/tokensel/tokensel.sock";
 
 struct ClientOptions {
   // Per-call deadline for unary calls; must be > 0.
@@ -69,6 +69,9 @@ struct ClientOptions {
   std::string tls_root_certs_pem;
   std::string tls_server_name;
   std::string auth_token;
+  // The server's fd channel (fd_channel.h), used to register memory by
+  // descriptor; empty = derived from a unix target ("<socket path>.fd").
+  std::string fd_channel;
 };
 
 // A bidirectional Stream RPC: requests are answered in order. Not
@@ -100,7 +103,7 @@ class OpStream {
 class Client {
  public:
   // A client for `target`: "unix:///abs/path", "unix:relative", or
-  // "host:port" (plaintext; TLS is not supported yet). No I/O happens here:
+  // "host:port" (TLS per options.tls). No I/O happens here:
   // the channel connects on the first call. INVALID_ARGUMENT for an empty
   // target or invalid options.
   static absl::StatusOr<Client> Connect(absl::string_view target, ClientOptions options = {});
@@ -129,7 +132,23 @@ class Client {
   // --- session calls
   absl::StatusOr<v1::KeepAliveResponse> KeepAlive() const;
   absl::Status CloseSession() const;
+  // Registers memory. The server maps only descriptors the caller hands it
+  // (fd_channel.h), so host memory is converted here first:
+  //  - host_shm {shm_name, offset, size}: this process opens the object by
+  //    name (with its own rights: NOT_FOUND / PERMISSION_DENIED as shm_open
+  //    says) and registers its descriptor;
+  //  - fd {ticket "fd:<n>", offset, size} (LocalFdTicket, what
+  //    SharedRegion::RegisterRequest makes): registers descriptor n;
+  //  - fd with a server ticket, and cuda_ipc: sent as they are.
+  // Descriptors go over the fd channel (FAILED_PRECONDITION for a TCP
+  // target without options.fd_channel).
   absl::StatusOr<v1::BufferInfo> RegisterBuffer(const v1::RegisterBufferRequest& request) const;
+  // Registers [offset, offset + size) of the memory behind `fd` (a memfd or
+  // shm object this process holds; the server keeps its own copy).
+  absl::StatusOr<v1::BufferInfo> RegisterFd(std::string name, int fd, uint64_t offset,
+                                            uint64_t size) const;
+  // Where RegisterBuffer sends descriptors (empty: nowhere).
+  const std::string& fd_channel_path() const { return fd_channel_path_; }
   absl::Status UnregisterBuffer(absl::string_view name) const;
   absl::StatusOr<v1::ListBuffersResponse> ListBuffers() const;
 
@@ -150,7 +169,7 @@ class Client {
   absl::StatusOr<std::unique_ptr<OpStream>> OpenStream() const;
 
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string target);
   template <typename Req, typename Resp>
   absl::StatusOr<Resp> Unary(grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*,
                                                                            const Req&, Resp*),
@@ -159,6 +178,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<v1::TokenSelect::Stub> stub_;
   ClientOptions options_;
+  std::string fd_channel_path_;
   std::string session_id_;
 };
 
