@@ -35,18 +35,31 @@ constexpr size_t kRegistered = std::size(kBufferSizes) + 1;  // + the other sess
 
 class Environment {
  public:
-  Environment() : registry_(&mapper_, nullptr, 16, nullptr), backend_(2),
-                  executor_(&backend_, &registry_, nullptr, kMaxInline, kMaxElements) {
+  static core::RegistryLimits RegistryLimits() {
+    core::RegistryLimits limits;
+    limits.max_buffers_per_session = 16;
+    return limits;
+  }
+  static core::ExecutorLimits ExecutorLimits() {
+    core::ExecutorLimits limits;
+    limits.max_inline_bytes = kMaxInline;
+    limits.max_response_bytes = kMaxInline;
+    limits.max_op_work = kMaxElements;
+    return limits;
+  }
+
+  Environment() : registry_(&mapper_, nullptr, RegistryLimits(), nullptr), backend_(2),
+                  executor_(&backend_, &registry_, nullptr, ExecutorLimits(), &budget_) {
     for (size_t i = 0; i < std::size(kBufferSizes); ++i) {
       memory_[i] = {mapper_.AddObject(kBufferNames[i], kBufferSizes[i]), kBufferSizes[i]};
       FUZZ_CHECK(registry_
                      .Register(kSession, kBufferNames[i],
-                               core::HostShmSpec{kBufferNames[i], 0, kBufferSizes[i]})
+                               mapper_.Spec(kBufferNames[i], 0, kBufferSizes[i]))
                      .ok());
     }
     memory_[kRegistered - 1] = {mapper_.AddObject("others", kOthersSize), kOthersSize};
     FUZZ_CHECK(
-        registry_.Register(kOtherSession, "others", core::HostShmSpec{"others", 0, kOthersSize})
+        registry_.Register(kOtherSession, "others", mapper_.Spec("others", 0, kOthersSize))
             .ok());
   }
 
@@ -85,12 +98,16 @@ class Environment {
     }
     FUZZ_CHECK(registry_.buffer_count() == kRegistered);
     FUZZ_CHECK(mapper_.live_mappings() == static_cast<int>(kRegistered));
+    FUZZ_CHECK(budget_.used_bytes() == 0);  // every reservation was given back
   }
 
  private:
   testing::FakeRegionMapper mapper_;
   core::BufferRegistry registry_;
   backends::CpuBackend backend_;
+  // Counts every op's memory as the server does (generous: an input of this
+  // fuzzer is refused by the work bound long before).
+  core::MemoryBudget budget_{uint64_t{1} << 30, uint64_t{256} << 20, nullptr};
   core::Executor executor_;
   std::pair<uint8_t*, uint64_t> memory_[kRegistered];
 };

@@ -82,7 +82,9 @@ class Run {
  public:
   explicit Run(core::ServiceMetrics* metrics)
       : metrics_(metrics) {
-    registry_.emplace(&mapper_, nullptr, kMaxBuffers, metrics);
+    core::RegistryLimits limits;
+    limits.max_buffers_per_session = kMaxBuffers;
+    registry_.emplace(&mapper_, nullptr, limits, metrics);
     for (size_t i = 0; i < std::size(kObjectSizes); ++i) {
       mapper_.AddObject(kObjects[i], kObjectSizes[i]);
     }
@@ -143,7 +145,7 @@ class Run {
     if (fdp.ConsumeIntegralInRange(0, 7) == 0) offset = fdp.ConsumeIntegral<uint64_t>();
     if (fdp.ConsumeIntegralInRange(0, 7) == 0) size = fdp.ConsumeIntegral<uint64_t>();
     const bool cuda = fdp.ConsumeIntegralInRange(0, 15) == 0;
-    core::RegionSpec spec = core::HostShmSpec{kObjects[object], offset, size};
+    core::RegionSpec spec = mapper_.Spec(kObjects[object], offset, size);
     if (cuda) spec = core::CudaIpcSpec{std::string(64, 'h'), "GPU-x", offset, size};
 
     absl::StatusCode expected = absl::StatusCode::kOk;

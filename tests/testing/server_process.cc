@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,6 +80,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   if (mkdtemp(dir_template) == nullptr) return ErrnoError("mkdtemp");
   server->temp_dir_ = dir_template;
   server->unix_target_ = absl::StrCat("unix://", server->temp_dir_, "/tokensel.sock");
+  if (options.socket_group.has_value()) {
+    if (chown(dir_template, geteuid(), *options.socket_group) != 0) return ErrnoError("chown");
+    if (chmod(dir_template, 0750) != 0) return ErrnoError("chmod");
+  }
   server->shm_prefix_ = options.shm_prefix.empty() ? DefaultShmPrefix() : options.shm_prefix;
 
   std::vector<std::string> argv = {TOKENSEL_SERVER_BINARY,
@@ -87,6 +92,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   if (options.tcp && options.insecure_tcp) argv.push_back("--insecure_tcp");
   argv.push_back(absl::StrCat("--metrics_address=", options.metrics ? "127.0.0.1:0" : ""));
   argv.push_back(absl::StrCat("--shm_prefix=", server->shm_prefix_));
+  if (options.socket_group.has_value()) {
+    argv.push_back(absl::StrCat("--unix_socket_group=", *options.socket_group));
+  }
   for (auto& arg : options.extra_args) argv.push_back(arg);
   if (absl::Status s = server->Launch(argv); !s.ok()) return s;
   if (!options.wait_for_startup) return server;

@@ -64,6 +64,9 @@ struct ServerOptions {
   bool metrics = true;
   // Names passed to --shm_prefix; empty = DefaultShmPrefix().
   std::string shm_prefix;
+  // Let other users in: the socket directory becomes <euid>:<group> 0750
+  // and the server gets --unix_socket_group=<group> (members may connect).
+  std::optional<gid_t> socket_group;
   absl::Duration startup_timeout = absl::Seconds(30);
 };
 

@@ -20,14 +20,21 @@ using tokensel::testing::FakeRegionMapper;
 using tokensel::testing::IsOk;
 using tokensel::testing::StatusIs;
 
-HostShmSpec Shm(const std::string& name, uint64_t size, uint64_t offset = 0) {
-  return HostShmSpec{name, offset, size};
+RegistryLimits Limits(uint32_t per_session, uint32_t total = 1000) {
+  RegistryLimits limits;
+  limits.max_buffers_per_session = per_session;
+  limits.max_buffers = total;
+  return limits;
 }
 
 class BufferRegistryTest : public ::testing::Test {
  protected:
-  BufferRegistryTest() : registry_(&mapper_, nullptr, /*max_buffers_per_session=*/3, nullptr) {
+  BufferRegistryTest() : registry_(&mapper_, nullptr, Limits(/*per_session=*/3), nullptr) {
     mapper_.AddObject("/obj", 4096);
+  }
+  // A spec naming `name`'s object by descriptor, as the fd channel delivers it.
+  FdRegionSpec Shm(const std::string& name, uint64_t size, uint64_t offset = 0) {
+    return mapper_.Spec(name, offset, size);
   }
   FakeRegionMapper mapper_;
   BufferRegistry registry_;
@@ -180,9 +187,9 @@ TEST(BufferRegistryMetricsTest, GaugesFollowRegistrations) {
   FakeRegionMapper mapper;
   mapper.AddObject("/obj", 100);
   ServiceMetrics metrics("test", "cpu");
-  BufferRegistry registry(&mapper, nullptr, 8, &metrics);
-  ASSERT_OK(registry.Register("s1", "a", Shm("/obj", 30)));
-  ASSERT_OK(registry.Register("s2", "b", Shm("/obj", 50)));
+  BufferRegistry registry(&mapper, nullptr, Limits(8), &metrics);
+  ASSERT_OK(registry.Register("s1", "a", mapper.Spec("/obj", 0, 30)));
+  ASSERT_OK(registry.Register("s2", "b", mapper.Spec("/obj", 0, 50)));
   EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_registered_buffers"), 2);
   EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_registered_bytes"), 80);
   ASSERT_OK(registry.Unregister("s1", "a"));
@@ -190,6 +197,50 @@ TEST(BufferRegistryMetricsTest, GaugesFollowRegistrations) {
   registry.UnregisterAll("s2");
   EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_registered_buffers"), 0);
   EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_registered_bytes"), 0);
+}
+
+TEST(BufferRegistryLimitsTest, ServerWideLimitSpansSessions) {
+  FakeRegionMapper mapper;
+  mapper.AddObject("/obj", 100);
+  BufferRegistry registry(&mapper, nullptr, Limits(/*per_session=*/10, /*total=*/3), nullptr);
+  ASSERT_OK(registry.Register("s1", "a", mapper.Spec("/obj", 0, 8)));
+  ASSERT_OK(registry.Register("s2", "a", mapper.Spec("/obj", 0, 8)));
+  ASSERT_OK(registry.Register("s3", "a", mapper.Spec("/obj", 0, 8)));
+  // A fourth session is refused although it has none: the server holds 3.
+  EXPECT_THAT(registry.Register("s4", "a", mapper.Spec("/obj", 0, 8)),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_buffers) is 3"));
+  EXPECT_EQ(mapper.live_mappings(), 3);  // refused before mapping
+  ASSERT_OK(registry.Unregister("s2", "a"));
+  EXPECT_OK(registry.Register("s4", "a", mapper.Spec("/obj", 0, 8)));
+}
+
+TEST(BufferRegistryLimitsTest, UnregisterIfCurrentLeavesAReplacementAlone) {
+  FakeRegionMapper mapper;
+  mapper.AddObject("/obj", 100);
+  BufferRegistry registry(&mapper, nullptr, Limits(8), nullptr);
+  ASSERT_OK(registry.Register("s1", "a", mapper.Spec("/obj", 0, 8)));
+  absl::StatusOr<BufferLease> old = registry.Acquire("s1", "a");
+  ASSERT_OK(old);
+  ASSERT_OK(registry.Unregister("s1", "a"));
+  ASSERT_OK(registry.Register("s1", "a", mapper.Spec("/obj", 0, 16)));
+  EXPECT_FALSE(registry.UnregisterIfCurrent("s1", "a", *old));  // the replacement stays
+  EXPECT_EQ(registry.buffer_count(), 1u);
+  absl::StatusOr<BufferLease> current = registry.Acquire("s1", "a");
+  ASSERT_OK(current);
+  EXPECT_TRUE(registry.UnregisterIfCurrent("s1", "a", *current));
+  EXPECT_EQ(registry.buffer_count(), 0u);
+  EXPECT_FALSE(registry.UnregisterIfCurrent("s1", "a", *current));
+}
+
+TEST(BufferRegistryLimitsTest, CudaVmmDescriptorsHaveNoMapperYet) {
+  FakeRegionMapper mapper;
+  mapper.AddObject("/obj", 100);
+  BufferRegistry registry(&mapper, nullptr, Limits(8), nullptr);
+  FdRegionSpec spec = mapper.Spec("/obj", 0, 8);
+  spec.kind = FdKind::kCudaVmm;
+  EXPECT_THAT(registry.Register("s1", "v", spec),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "cuda_vmm"));
+  EXPECT_EQ(mapper.map_calls(), 0);
 }
 
 }  // namespace

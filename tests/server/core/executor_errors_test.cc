@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "server/core/service_metrics.h"
 #include "tests/server/core/executor_test_util.h"
+#include "tests/server/core/forwarding_backend.h"
 #include "tests/server/core/metric_reader.h"
 
 namespace tokensel::testing {
@@ -200,7 +201,7 @@ TEST_F(ExecutorErrorsTest, UnknownAndForeignBuffers) {
   req.activations.buffer = "nope";
   ExpectFailsCleanly(req, StatusCode::kNotFound, "activations: buffer 'nope' is not registered");
   mapper_.AddObject("theirs", 1024);
-  ASSERT_OK(registry_.Register("session-b", "theirs", core::HostShmSpec{"theirs", 0, 1024}));
+  ASSERT_OK(registry_.Register("session-b", "theirs", mapper_.Spec("theirs", 0, 1024)));
   req.activations.buffer = "theirs";
   ExpectFailsCleanly(req, StatusCode::kPermissionDenied,
                      "activations: buffer 'theirs' belongs to another session");
@@ -249,7 +250,7 @@ TEST_F(ExecutorErrorsTest, SliceGptRetainedTokens) {
 }
 
 TEST_F(ExecutorErrorsTest, InlineOutputsAreBoundedByMaxInlineBytes) {
-  core::Executor small(&backend_, &registry_, nullptr, /*max_inline_bytes=*/96);
+  core::Executor small(&backend_, &registry_, nullptr, Limits(/*max_inline=*/96));
   core::GatherTokensRequest req = ValidGather();
   req.out.reset();  // 2*3*4 fp32 = 96 bytes inline: fits exactly
   EXPECT_OK(small.Run(session_, req));
@@ -259,7 +260,7 @@ TEST_F(ExecutorErrorsTest, InlineOutputsAreBoundedByMaxInlineBytes) {
               StatusIs(StatusCode::kResourceExhausted, "out: returning 120 bytes inline"));
 
   // The total counts: SegmentSeqlens q_seqlen (16 bytes) + q_offset (24) > 32.
-  core::Executor tiny(&backend_, &registry_, nullptr, /*max_inline_bytes=*/32);
+  core::Executor tiny(&backend_, &registry_, nullptr, Limits(/*max_inline=*/32));
   HostTensor ids = Int32Host({2, 3}, {1, 1, 2, 1, 2, 2});
   core::SegmentSeqlensRequest seg;
   seg.segment_ids_q = Inline(ids);
@@ -281,9 +282,9 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   const core::GatherTokensRequest valid = req;
   const uint64_t work = 2 * 8 * 4 + 2 * 3 + 2 * 3 * 4;  // activations + indices + out
   EXPECT_EQ(core::EstimateOpWork(req), work);
-  core::Executor exact(&backend_, &registry_, nullptr, 1 << 20, /*max_op_work=*/work);
+  core::Executor exact(&backend_, &registry_, nullptr, Limits(1 << 20, /*max_work=*/work));
   EXPECT_OK(exact.Run(session_, req));
-  core::Executor below(&backend_, &registry_, nullptr, 1 << 20, /*max_op_work=*/work - 1);
+  core::Executor below(&backend_, &registry_, nullptr, Limits(1 << 20, /*max_work=*/work - 1));
   const Memory before = Snapshot();
   EXPECT_THAT(below.Run(session_, req),
               StatusIs(StatusCode::kResourceExhausted,
@@ -292,7 +293,7 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   // 2^40 positions of one broadcast element: 4 bytes of buffer, hours of work.
   req.activations.shape = {2, int64_t{1} << 40, 4};
   req.activations.strides = {0, 0, 0};
-  core::Executor bounded(&backend_, &registry_, nullptr, 1 << 20, uint64_t{1} << 34);
+  core::Executor bounded(&backend_, &registry_, nullptr, Limits(1 << 20, uint64_t{1} << 34));
   EXPECT_THAT(bounded.Run(session_, req),
               StatusIs(StatusCode::kResourceExhausted, "GatherTokens: about 8796093022238 "));
   EXPECT_TRUE(Snapshot() == before) << "a refused op wrote to a buffer";
@@ -304,8 +305,8 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   sample.original_tokens = 7;
   sample.retained_tokens = 2;
   EXPECT_EQ(core::EstimateOpWork(sample), 3u * 5 * 7);
-  EXPECT_OK(core::Executor(&backend_, &registry_, nullptr, 1 << 20, 105).Run(session_, sample));
-  EXPECT_THAT(core::Executor(&backend_, &registry_, nullptr, 1 << 20, 104).Run(session_, sample),
+  EXPECT_OK(core::Executor(&backend_, &registry_, nullptr, Limits(1 << 20, 105)).Run(session_, sample));
+  EXPECT_THAT(core::Executor(&backend_, &registry_, nullptr, Limits(1 << 20, 104)).Run(session_, sample),
               StatusIs(StatusCode::kResourceExhausted, "SampleTokens: about 105 elements"));
   sample.original_tokens = 0;
   sample.retained_tokens = 0;
@@ -358,41 +359,21 @@ TEST_F(ExecutorErrorsTest, RunAllStopsAtTheFailingOpWithItsPosition) {
 }
 
 // The CPU backend, running `during_run` inside Run(GatherTokensArgs).
-class HookedBackend : public core::Backend {
+class HookedBackend : public testing::ForwardingBackend {
  public:
   std::function<void()> during_run;
 
-  absl::string_view name() const override { return cpu_.name(); }
-  bool CanAccess(core::MemoryKind kind) const override { return cpu_.CanAccess(kind); }
-  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override {
-    return cpu_.AllocateStaging(bytes);
-  }
-  absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override {
-    return cpu_.CopyToStaging(dst, src, bytes);
-  }
-  absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override {
-    return cpu_.CopyFromStaging(dst, src, bytes);
-  }
+  using ForwardingBackend::Run;
   absl::Status Run(const kernels::GatherTokensArgs& args) override {
     if (during_run) during_run();
     return cpu_.Run(args);
   }
-  absl::Status Run(const kernels::SortTokensArgs& a) override { return cpu_.Run(a); }
-  absl::Status Run(const kernels::ScatterTokensArgs& a) override { return cpu_.Run(a); }
-  absl::Status Run(const kernels::GatherBertMaskArgs& a) override { return cpu_.Run(a); }
-  absl::Status Run(const kernels::SliceGptMaskArgs& a) override { return cpu_.Run(a); }
-  absl::Status Run(const kernels::SegmentSeqlensArgs& a) override { return cpu_.Run(a); }
-  absl::Status Run(const kernels::SampleTokensArgs& a) override { return cpu_.Run(a); }
-  absl::Status Run(const kernels::TopKTokensArgs& a) override { return cpu_.Run(a); }
-
- private:
-  backends::CpuBackend cpu_{1};
 };
 
 TEST_F(ExecutorErrorsTest, UnregisterDuringAnOpIsDeferred) {
   core::GatherTokensRequest req = ValidGather();
   HookedBackend backend;
-  core::Executor executor(&backend, &registry_, nullptr, kMaxInline);
+  core::Executor executor(&backend, &registry_, nullptr, Limits());
   Memory expected = Snapshot();
   ASSERT_OK(
       kernels::cpu::GatherTokens({View(req.activations, &expected), View(req.indices, &expected),
@@ -413,7 +394,7 @@ TEST_F(ExecutorErrorsTest, UnregisterDuringAnOpIsDeferred) {
 
 TEST_F(ExecutorErrorsTest, SuccessfulOpsAreObservedInMetrics) {
   core::ServiceMetrics metrics("test", "cpu");
-  core::Executor executor(&backend_, &registry_, &metrics, kMaxInline);
+  core::Executor executor(&backend_, &registry_, &metrics, Limits());
   core::GatherTokensRequest req = ValidGather();
   absl::StatusOr<core::OpResult> result = executor.Run(session_, req);
   ASSERT_OK(result);

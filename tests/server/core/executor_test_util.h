@@ -99,16 +99,29 @@ class ExecutorTest : public ::testing::Test {
 
   ExecutorTest()
       : device_mapper_(core::MemoryKind::kCudaDevice),
-        registry_(&mapper_, &device_mapper_, 64, nullptr),
+        registry_(&mapper_, &device_mapper_, RegistryLimits(), nullptr),
         backend_(2),
-        executor_(&backend_, &registry_, nullptr, kMaxInline) {}
+        executor_(&backend_, &registry_, nullptr, Limits()) {}
+
+  static core::ExecutorLimits Limits(uint64_t max_inline = kMaxInline, uint64_t max_work = 0) {
+    core::ExecutorLimits limits;
+    limits.max_inline_bytes = max_inline;
+    limits.max_response_bytes = max_inline;
+    limits.max_op_work = max_work;
+    return limits;
+  }
+  static core::RegistryLimits RegistryLimits() {
+    core::RegistryLimits limits;
+    limits.max_buffers_per_session = 64;
+    return limits;
+  }
 
   // Registers buffer `name` of `size` random bytes in session_.
   void AddBuffer(const std::string& name, uint64_t size) {
     uint8_t* data = mapper_.AddObject(name, size);
     for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<uint8_t>(rng_());
     buffers_[name] = {data, size};
-    ASSERT_OK(registry_.Register(session_, name, core::HostShmSpec{name, 0, size}));
+    ASSERT_OK(registry_.Register(session_, name, mapper_.Spec(name, 0, size)));
   }
 
   // Copies of every buffer's bytes.

@@ -21,9 +21,15 @@ using tokensel::testing::StatusIs;
 class SessionManagerTest : public ::testing::Test {
  protected:
   // Default TTL 10 s, max 60 s, at most 3 sessions; a clock the test moves.
-  SessionManager Make(uint32_t max_sessions = 3, ServiceMetrics* metrics = nullptr) {
+  SessionManager Make(uint32_t max_sessions = 3, ServiceMetrics* metrics = nullptr,
+                      uint32_t per_peer = 1000) {
+    SessionLimits limits;
+    limits.default_ttl = absl::Seconds(10);
+    limits.max_ttl = absl::Seconds(60);
+    limits.max_sessions = max_sessions;
+    limits.max_sessions_per_peer = per_peer;
     return SessionManager(
-        absl::Seconds(10), absl::Seconds(60), max_sessions,
+        limits,
         [this](const std::string& id) {
           ended_.push_back(id);
           if (on_end_probe_) on_end_probe_();
@@ -149,6 +155,63 @@ TEST_F(SessionManagerTest, SessionsGauge) {
   Advance(absl::Minutes(1));
   sessions.ReapExpired();
   EXPECT_EQ(testing::GaugeValue(metrics, "tokensel_sessions"), 0);
+}
+
+TEST_F(SessionManagerTest, AQuotaPerPeerLeavesRoomForOthers) {
+  SessionManager sessions = Make(/*max_sessions=*/10, nullptr, /*per_peer=*/2);
+  const Peer alice = Peer::Unix(1000, 1000, 1);
+  const Peer bob = Peer::Unix(1001, 1001, 2);
+  ASSERT_OK(sessions.Open("a", absl::ZeroDuration(), alice));
+  ASSERT_OK(sessions.Open("a", absl::ZeroDuration(), alice));
+  EXPECT_THAT(sessions.Open("a", absl::ZeroDuration(), alice),
+              StatusIs(absl::StatusCode::kResourceExhausted, "uid:1000 already has 2"));
+  // Another uid, and the same address over TCP, are other peers.
+  EXPECT_OK(sessions.Open("b", absl::ZeroDuration(), bob));
+  EXPECT_OK(sessions.Open("t", absl::ZeroDuration(), Peer::Tcp("10.0.0.7")));
+  // An expired session of alice's makes room for her again.
+  Advance(absl::Seconds(11));
+  EXPECT_OK(sessions.Open("a", absl::ZeroDuration(), alice));
+}
+
+TEST_F(SessionManagerTest, OnlyTheOwnerMayUseASession) {
+  SessionManager sessions = Make();
+  const Peer alice = Peer::Unix(1000, 1000, 1);
+  const std::string id = sessions.Open("a", absl::ZeroDuration(), alice)->id;
+  EXPECT_OK(sessions.Touch(id, Peer::Unix(1000, 5, 99)));  // same uid, other process
+  EXPECT_THAT(sessions.Touch(id, Peer::Unix(1001, 1000, 1)),
+              StatusIs(absl::StatusCode::kPermissionDenied, "another peer"));
+  EXPECT_THAT(sessions.Touch(id, Peer::Tcp("127.0.0.1")),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(sessions.Touch(id), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_TRUE(ended_.empty());  // a refused touch does not end it
+  EXPECT_EQ(sessions.Open("x", absl::ZeroDuration(), alice)->owner, "uid:1000");
+}
+
+TEST_F(SessionManagerTest, APinnedSessionOutlivesItsLease) {
+  SessionManager sessions = Make();
+  const std::string id = sessions.Open("s", absl::ZeroDuration())->id;
+  ASSERT_OK(sessions.Pin(id));
+  ASSERT_OK(sessions.Pin(id));
+  Advance(absl::Minutes(5));
+  EXPECT_EQ(sessions.ReapExpired(), 0);
+  EXPECT_OK(sessions.Touch(id));
+  sessions.Unpin(id);
+  Advance(absl::Minutes(5));
+  EXPECT_EQ(sessions.ReapExpired(), 0);  // one pin left
+  sessions.Unpin(id);                    // the lease restarts now
+  Advance(absl::Seconds(9));
+  EXPECT_EQ(sessions.ReapExpired(), 0);
+  Advance(absl::Seconds(1));
+  EXPECT_EQ(sessions.ReapExpired(), 1);
+  EXPECT_THAT(sessions.Pin(id), StatusIs(absl::StatusCode::kNotFound));
+  sessions.Unpin(id);  // unknown: nothing happens
+}
+
+TEST_F(SessionManagerTest, AnExpiredSessionCannotBePinned) {
+  SessionManager sessions = Make();
+  const std::string id = sessions.Open("s", absl::ZeroDuration())->id;
+  Advance(absl::Seconds(10));
+  EXPECT_THAT(sessions.Pin(id), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

@@ -335,18 +335,19 @@ TEST(OpTest, ExecuteOpsInOrderWithIndexedErrors) {
   EXPECT_THAT(OpsFromProto(req), StatusIs(absl::StatusCode::kInvalidArgument, "ops[2].op"));
 }
 
-TEST(RegionTest, HostShmCudaIpcAndMissingSource) {
+TEST(RegionTest, HostShmByNameIsRefusedCudaIpcConvertsAndSourceIsRequired) {
   v1::RegisterBufferRequest req;
   req.set_name("acts");
   req.mutable_host_shm()->set_shm_name("/tokensel-a");
   req.mutable_host_shm()->set_offset(4096);
   req.mutable_host_shm()->set_size(1 << 20);
-  absl::StatusOr<core::RegionSpec> spec = RegionFromProto(req);
-  ASSERT_OK(spec);
-  const auto& shm = std::get<core::HostShmSpec>(*spec);
-  EXPECT_EQ(shm.shm_name, "/tokensel-a");
-  EXPECT_EQ(shm.offset, 4096u);
-  EXPECT_EQ(shm.size, 1u << 20);
+  // The server would open it with its own rights: never.
+  EXPECT_THAT(RegionFromProto(req),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       "host_shm: registration by name is refused"));
+  absl::StatusOr<core::RegionSpec> spec;
+  req.mutable_fd()->set_ticket("0123");  // redeemed by the handler, not here
+  EXPECT_THAT(RegionFromProto(req), StatusIs(absl::StatusCode::kInvalidArgument, "fd"));
 
   req.mutable_cuda_ipc()->set_handle(std::string(64, '\x7f'));
   req.mutable_cuda_ipc()->set_device_uuid("GPU-1234");
@@ -402,12 +403,13 @@ TEST(ResultTest, InlineOutputsMoveIntoNamedTensors) {
 }
 
 TEST(InfoTest, BufferAndServerInfo) {
-  core::BufferInfo info{"acts", "host_shm", 4096, ""};
+  core::BufferInfo info{"acts", "host_shm", 4096, "", true};
   v1::BufferInfo b;
   BufferInfoToProto(info, &b);
   EXPECT_EQ(b.name(), "acts");
   EXPECT_EQ(b.kind(), "host_shm");
   EXPECT_EQ(b.size(), 4096u);
+  EXPECT_TRUE(b.sealed());
 
   ServerDescription d;
   d.version = "1.2.3";
@@ -418,8 +420,14 @@ TEST(InfoTest, BufferAndServerInfo) {
   d.max_inflight = 8;
   d.session_ttl_ms = 60000;
   d.max_rank = 6;
+  d.max_sessions_per_peer = 9;
+  d.max_buffers_total = 10;
+  d.max_op_elements = 11;
+  d.max_request_memory_bytes = 12;
+  d.memory_budget_bytes = 13;
   d.shm_prefix = "/tokensel";
   d.memory_kinds = {"host_shm", "cuda_ipc"};
+  d.fd_channel = true;
   v1::ServerInfo s;
   ServerInfoToProto(d, &s);
   EXPECT_EQ(s.version(), "1.2.3");
@@ -435,6 +443,12 @@ TEST(InfoTest, BufferAndServerInfo) {
   EXPECT_EQ(s.limits().max_inflight(), 8u);
   EXPECT_EQ(s.limits().session_ttl_ms(), 60000u);
   EXPECT_EQ(s.limits().max_rank(), 6u);
+  EXPECT_EQ(s.limits().max_sessions_per_peer(), 9u);
+  EXPECT_EQ(s.limits().max_buffers_total(), 10u);
+  EXPECT_EQ(s.limits().max_op_elements(), 11u);
+  EXPECT_EQ(s.limits().max_request_memory_bytes(), 12u);
+  EXPECT_EQ(s.limits().memory_budget_bytes(), 13u);
+  EXPECT_TRUE(s.fd_channel());
   EXPECT_EQ(s.shm_prefix(), "/tokensel");
   ASSERT_EQ(s.memory_kinds_size(), 2);
   EXPECT_EQ(s.memory_kinds(1), "cuda_ipc");

@@ -52,10 +52,10 @@ TEST(CudaIpcMapperTest, WellFormedSpecForAnUnknownDeviceIsFailedPrecondition) {
   EXPECT_EQ(mapper.open_handle_count(), 0u);
 }
 
-TEST(CudaIpcMapperTest, HostShmSpecIsInvalid) {
+TEST(CudaIpcMapperTest, HostDescriptorSpecIsInvalid) {
   auto mapper = MakeCudaIpcMapper();
   ASSERT_NE(mapper, nullptr);
-  EXPECT_THAT(mapper->Map(core::HostShmSpec{"/tokensel-x", 0, 16}),
+  EXPECT_THAT(mapper->Map(core::FdRegionSpec{nullptr, core::FdKind::kHostMemory, 0, 16}),
               StatusIs(StatusCode::kInvalidArgument, "host_shm"));
 }
 

@@ -1,0 +1,49 @@
+// ForwardingBackend: a core::Backend that forwards everything to a
+// CpuBackend; tests override what they need to observe or stage (a hook
+// inside Run, a reported scratch size, ...).
+#ifndef TOKENSEL_TESTS_SERVER_CORE_FORWARDING_BACKEND_H_
+#define TOKENSEL_TESTS_SERVER_CORE_FORWARDING_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "server/backends/cpu_backend.h"
+#include "server/core/backend.h"
+
+namespace tokensel::testing {
+
+class ForwardingBackend : public core::Backend {
+ public:
+  explicit ForwardingBackend(int threads = 1) : cpu_(threads) {}
+
+  absl::string_view name() const override { return cpu_.name(); }
+  bool CanAccess(core::MemoryKind kind) const override { return cpu_.CanAccess(kind); }
+  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override {
+    return cpu_.AllocateStaging(bytes);
+  }
+  absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override {
+    return cpu_.CopyToStaging(dst, src, bytes);
+  }
+  absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override {
+    return cpu_.CopyFromStaging(dst, src, bytes);
+  }
+#define TOKENSEL_FORWARD(Op)                                                    \
+  absl::Status Run(const kernels::Op##Args& a) override { return cpu_.Run(a); } \
+  uint64_t ScratchBytes(const kernels::Op##Args& a) const override { return cpu_.ScratchBytes(a); }
+  TOKENSEL_FORWARD(SortTokens)
+  TOKENSEL_FORWARD(GatherTokens)
+  TOKENSEL_FORWARD(ScatterTokens)
+  TOKENSEL_FORWARD(GatherBertMask)
+  TOKENSEL_FORWARD(SliceGptMask)
+  TOKENSEL_FORWARD(SegmentSeqlens)
+  TOKENSEL_FORWARD(SampleTokens)
+  TOKENSEL_FORWARD(TopKTokens)
+#undef TOKENSEL_FORWARD
+
+ protected:
+  backends::CpuBackend cpu_;
+};
+
+}  // namespace tokensel::testing
+
+#endif  // TOKENSEL_TESTS_SERVER_CORE_FORWARDING_BACKEND_H_
