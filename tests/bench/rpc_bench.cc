@@ -122,6 +122,7 @@ int Main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   FillBytes(shm->data(), shm->size(), rng);
   Client setup((*server)->UnixChannel());
+  setup.set_fd_channel((*server)->fd_channel_path());
   if (absl::Status s = setup.Open(); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;

@@ -1,5 +1,7 @@
 #include "tests/load/load_thread.h"
 
+#include "tokensel/client/fd_channel.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,6 +114,7 @@ CaseMemory LoadThread::Memory(uint64_t offset, std::string buffer) {
 
 absl::Status LoadThread::Setup() {
   client_ = std::make_unique<itest::Client>(NewChannel(options_.target), options_.rpc_deadline);
+  client_->set_fd_channel(client::FdChannelPath(options_.target));
   RETURN_IF_ERROR(checker_.Counted("OpenSession", client_->Open()));
   ASSIGN_OR_RETURN(shm_, testing::TestShm::Create(
                              absl::StrCat(options_.shm_prefix, "load-", getpid(), "-", index_),

@@ -80,6 +80,8 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
   // "unix:///tmp/tokensel-it-XXXXXX/tokensel.sock".
   const std::string& unix_target() const { return unix_target_; }
+  // Its fd channel: the socket path + ".fd".
+  std::string fd_channel_path() const { return unix_target_.substr(7) + ".fd"; }
   // "127.0.0.1:<port>"; empty without options.tcp (or wait_for_startup).
   const std::string& tcp_target() const { return tcp_target_; }
   // 0 without options.metrics.

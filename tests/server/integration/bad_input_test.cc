@@ -72,6 +72,7 @@ TEST_F(BadInputTest, UnknownBufferIsNotFound) {
 
 TEST_F(BadInputTest, AnotherSessionsBufferIsPermissionDenied) {
   Client other(server_->UnixChannel());
+  other.set_fd_channel(server_->fd_channel_path());
   ASSERT_OK(other.Open());
   ASSERT_OK(other.Register("theirs", shm_.name(), 0, 65536));
   Gather g = ValidGather();

@@ -1,12 +1,18 @@
 #include "tests/server/integration/client_util.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "tokensel/client/fd_channel.h"
 
 namespace tokensel::itest {
 
@@ -163,11 +169,17 @@ std::unique_ptr<grpc::ClientContext> Client::Context() const {
 absl::StatusOr<v1::BufferInfo> Client::Register(const std::string& name,
                                                 const std::string& shm_name, uint64_t offset,
                                                 uint64_t size) const {
+  const int fd = shm_open(shm_name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("shm_open ", shm_name, ": ", strerror(errno)));
+  absl::StatusOr<v1::FdChannelReply> reply =
+      client::SendFd(fd_channel_, session_, v1::FD_KIND_HOST_MEMORY, fd);
+  ::close(fd);
+  if (!reply.ok()) return reply.status();
   v1::RegisterBufferRequest request;
   request.set_name(name);
-  request.mutable_host_shm()->set_shm_name(shm_name);
-  request.mutable_host_shm()->set_offset(offset);
-  request.mutable_host_shm()->set_size(size);
+  request.mutable_fd()->set_ticket(reply->ticket());
+  request.mutable_fd()->set_offset(offset);
+  request.mutable_fd()->set_size(size);
   v1::RegisterBufferResponse response;
   absl::Status s = Call(&v1::TokenSelect::Stub::RegisterBuffer, request, &response);
   if (!s.ok()) return s;

@@ -96,6 +96,11 @@ class Client {
   explicit Client(std::shared_ptr<grpc::Channel> channel,
                   absl::Duration deadline = absl::Seconds(20));
 
+  // The server's fd channel (client::FdChannelPath of its unix target,
+  // ServerProcess::fd_channel_path()), through which Register hands over
+  // descriptors.
+  void set_fd_channel(std::string path) { fd_channel_ = std::move(path); }
+
   // OpenSession; the id is then sent with every call.
   absl::Status Open(uint64_t lease_ttl_ms = 0);
   const std::string& session() const { return session_; }
@@ -112,6 +117,9 @@ class Client {
     return ToAbsl((stub_.get()->*method)(ctx.get(), request, response));
   }
 
+  // Opens shm object `shm_name` here (this process's rights), hands its
+  // descriptor to the server on the fd channel and registers [offset,
+  // offset + size) of it as `name`.
   absl::StatusOr<v1::BufferInfo> Register(const std::string& name, const std::string& shm_name,
                                           uint64_t offset, uint64_t size) const;
   absl::Status Unregister(const std::string& name) const;
@@ -124,6 +132,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TokenSelect::Stub> stub_;
   absl::Duration deadline_;
+  std::string fd_channel_;
   std::string session_;
 };
 

@@ -66,6 +66,7 @@ TEST_F(InFlightFaultTest, UnregisterDuringManyInFlightOpsIsDeferred) {
   ASSERT_EQ(expect.size(), g.outs[0].extent_bytes);
   const uint64_t row_bytes = kC * sizeof(float);
   Client client(server_->UnixChannel());
+  client.set_fd_channel(server_->fd_channel_path());
   ASSERT_OK(client.Open());
   // One connection per op, connected up front so that the ops start together.
   std::vector<std::unique_ptr<Client>> op_clients;
@@ -150,6 +151,7 @@ TEST_F(InFlightFaultTest, SigtermWithExactly32RequestsInFlight) {
   g.Fill(big->data(), rng_);
   const std::vector<uint8_t> expect = g.Expected(big->data());
   Client owner(server_->UnixChannel(), kLiveness);
+  owner.set_fd_channel(server_->fd_channel_path());
   ASSERT_OK(owner.Open());
   ASSERT_OK(owner.Register("big", big->name(), 0, big->size()));
   // One connection per request, connected before anything starts.
@@ -210,6 +212,7 @@ TEST_F(InFlightFaultTest, SigtermWithExactly32RequestsInFlight) {
       } while (hc.status() != health::HealthCheckResponse::NOT_SERVING && absl::Now() < deadline);
       EXPECT_EQ(hc.status(), health::HealthCheckResponse::NOT_SERVING);
       Client probe(server_->UnixChannel());
+      probe.set_fd_channel(server_->fd_channel_path());
       probe.set_session(owner.session());
       v1::ListBuffersResponse listed;
       absl::Status refused = absl::OkStatus();

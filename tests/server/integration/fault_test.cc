@@ -56,6 +56,7 @@ class FaultTest : public FaultServerTest {
   // against the oracle, then closes: the server still serves correctly.
   void ExpectServes(const std::string& tag) {
     Client client(server_->UnixChannel());
+    client.set_fd_channel(server_->fd_channel_path());
     ASSERT_OK(client.Open());
     const uint64_t bytes = GatherCase::RegionBytes(64, 32, 40, 1);
     const GatherCase g(bytes, 64, 32, 40, 1);
@@ -273,6 +274,7 @@ TEST_F(FaultTest, ServerKilledClientsGetUnavailableThenReopenByThemselves) {
 TEST_F(FaultTest, UnlinkedShmStaysMappedUntilUnregister) {
   StartServer({});
   Client client(server_->UnixChannel());
+  client.set_fd_channel(server_->fd_channel_path());
   ASSERT_OK(client.Open());
   const uint64_t bytes = GatherCase::RegionBytes(512, 64, 256, 1);
   const GatherCase g(bytes, 512, 64, 256, 1);

@@ -35,7 +35,9 @@ class ServerFixture : public ::testing::Test {
  protected:
   static constexpr uint64_t kArenaBytes = 4 << 20;
 
-  // Starts the server with `options`, maps and registers the arena.
+  // Starts the server with `options` and maps the arena; on the unix socket
+  // it is registered as "arena" (a TCP session cannot receive descriptors:
+  // only local clients register memory).
   void StartServer(ServerOptions options = {}, Transport transport = Transport::kUnix) {
     auto server = ServerProcess::Start(std::move(options));
     ASSERT_OK(server);
@@ -46,12 +48,16 @@ class ServerFixture : public ::testing::Test {
     FillBytes(shm_.data(), shm_.size(), rng_);
     client_ = MakeClient(transport);
     ASSERT_OK(client_->Open());
-    ASSERT_OK(client_->Register("arena", shm_.name(), 0, shm_.size()));
+    if (transport == Transport::kUnix) {
+      ASSERT_OK(client_->Register("arena", shm_.name(), 0, shm_.size()));
+    }
   }
 
   std::unique_ptr<Client> MakeClient(Transport transport) const {
-    return std::make_unique<Client>(transport == Transport::kUnix ? server_->UnixChannel()
-                                                                  : server_->TcpChannel());
+    if (transport == Transport::kTcp) return std::make_unique<Client>(server_->TcpChannel());
+    auto client = std::make_unique<Client>(server_->UnixChannel());
+    client->set_fd_channel(server_->fd_channel_path());
+    return client;
   }
 
   void TearDown() override {

@@ -88,6 +88,7 @@ TEST_F(ObservabilityTest, MetricsMoveWithTraffic) {
 
   // Gauges follow state: a second session with its own buffer, then closed.
   Client other(server_->UnixChannel());
+  other.set_fd_channel(server_->fd_channel_path());
   ASSERT_OK(other.Open());
   ASSERT_OK(other.Register("arena", shm_.name(), 4096, 8192));
   WaitForMetrics([](const std::string& text) {

@@ -1,7 +1,8 @@
-// Every operator through a real tokensel-server, on the unix socket and on
-// loopback TCP: by reference (inputs and outputs inside a registered shm
-// region) and inline, compared with the CPU oracle run on copies in this
-// process. By-reference tests compare the whole region byte for byte, so
+// Every operator through a real tokensel-server: by reference (inputs and
+// outputs inside a registered shm region, unix socket only: memory is
+// registered by descriptor, which only a local client can pass) and inline
+// (unix socket and loopback TCP), compared with the CPU oracle run on copies
+// in this process. By-reference tests compare the whole region byte for byte, so
 // they also prove nothing outside the outputs was written.
 #include <cstring>
 #include <string>
@@ -50,7 +51,7 @@ class OpsTest : public ServerFixture, public ::testing::WithParamInterface<Trans
   }
 };
 
-TEST_P(OpsTest, SortTokensByReference) {
+TEST_P(OpsByReferenceTest, SortTokensByReference) {
   Arena a(kArenaBytes);
   const int64_t kS = 16;
   const Placed ids = a.Place(DType::kInt32, {2, 3, 5}, {.pad = {0, 1, 2}});
@@ -101,7 +102,7 @@ TEST_P(OpsTest, SortTokensInline) {
   ExpectInline(resp, "inverse", inv, local);
 }
 
-TEST_P(OpsTest, GatherTokensByReference) {
+TEST_P(OpsByReferenceTest, GatherTokensByReference) {
   for (const bool batch_first : {true, false}) {
     SCOPED_TRACE(batch_first ? "batch_first" : "seq_first");
     Arena a(kArenaBytes);
@@ -149,7 +150,7 @@ TEST_P(OpsTest, GatherTokensInline) {
   ExpectInline(resp, "out", out, local);
 }
 
-TEST_P(OpsTest, ScatterTokensByReference) {
+TEST_P(OpsByReferenceTest, ScatterTokensByReference) {
   Arena a(kArenaBytes);
   const Placed all = a.Place(DType::kFloat32, {2, 30, 8}, {.pad = {0, 0, 1}});
   const Placed layer = a.Place(DType::kFloat32, {2, 6, 8}, {.misalign = 4});
@@ -169,7 +170,7 @@ TEST_P(OpsTest, ScatterTokensByReference) {
   ExpectShmEquals(oracle);
 }
 
-TEST_P(OpsTest, ScatterTokensInlineSources) {
+TEST_P(OpsByReferenceTest, ScatterTokensInlineSources) {
   // `all` is written in place, so it is a buffer; layer and indices inline.
   auto local = Local();
   Arena la(local.size());
@@ -193,7 +194,7 @@ TEST_P(OpsTest, ScatterTokensInlineSources) {
   ExpectShmEquals(oracle);
 }
 
-TEST_P(OpsTest, GatherBertMaskByReference) {
+TEST_P(OpsByReferenceTest, GatherBertMaskByReference) {
   Arena a(kArenaBytes);
   const Placed mask = a.Place(DType::kUInt8, {2, 2, 20, 20}, {.pad = {0, 0, 0, 3}});
   const Placed idx = a.Place(DType::kInt32, {3, 2, 6});
@@ -229,7 +230,7 @@ TEST_P(OpsTest, GatherBertMaskInline) {
   ExpectInline(resp, "out", out, local);
 }
 
-TEST_P(OpsTest, SliceGptMaskByReference) {
+TEST_P(OpsByReferenceTest, SliceGptMaskByReference) {
   Arena a(kArenaBytes);
   const Placed mask = a.Place(DType::kFloat32, {2, 2, 12, 12}, {.pad = {0, 0, 1, 0}});
   const Placed out = a.Place(DType::kFloat32, {2, 2, 5, 5});
@@ -260,7 +261,7 @@ TEST_P(OpsTest, SliceGptMaskInline) {
   ExpectInline(resp, "out", out, local);
 }
 
-TEST_P(OpsTest, SegmentSeqlensByReference) {
+TEST_P(OpsByReferenceTest, SegmentSeqlensByReference) {
   Arena a(kArenaBytes);
   const int64_t kB = 3, kT = 40, kNS = 4;
   const Placed ids = a.Place(DType::kInt32, {kB, kT}, {.pad = {0, 3}});
@@ -331,7 +332,7 @@ TEST_P(OpsTest, SegmentSeqlensCrossAttentionInline) {
   ExpectInline(resp, "kv_offset", kv[1], local);
 }
 
-TEST_P(OpsTest, SampleTokensByReference) {
+TEST_P(OpsByReferenceTest, SampleTokensByReference) {
   Arena a(kArenaBytes);
   const int64_t kL = 2, kB = 3, kS = 50, kR = 12, kH = 2;
   const Placed ids = a.Place(DType::kInt64, {kL, kB, kR}, {.pad = {0, 0, 1}});
@@ -382,7 +383,7 @@ TEST_P(OpsTest, SampleTokensInline) {
   ExpectInline(resp, "inverse", inv, local);
 }
 
-TEST_P(OpsTest, TopKTokensByReference) {
+TEST_P(OpsByReferenceTest, TopKTokensByReference) {
   Arena a(kArenaBytes);
   const Placed scores = a.Place(DType::kFloat32, {4, 64}, {.pad = {0, 2}});
   const Placed ids = a.Place(DType::kInt64, {4, 10});
@@ -413,6 +414,8 @@ TEST_P(OpsTest, TopKTokensInline) {
   ExpectInline(resp, "ids", ids, local);
 }
 
+INSTANTIATE_TEST_SUITE_P(Unix, OpsByReferenceTest, ::testing::Values(Transport::kUnix),
+                         TransportName);
 INSTANTIATE_TEST_SUITE_P(Transports, OpsTest, ::testing::Values(Transport::kUnix, Transport::kTcp),
                          TransportName);
 

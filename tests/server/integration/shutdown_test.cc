@@ -44,6 +44,7 @@ TEST_F(ShutdownTest, SigtermWhileLargeGathersAreInFlight) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       Client client(server_->UnixChannel(), absl::Seconds(20));
+      client.set_fd_channel(server_->fd_channel_path());
       client.set_session(client_->session());
       v1::GatherTokensRequest req;
       *req.mutable_activations() = acts.Ref("big");
