@@ -276,6 +276,7 @@ void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out) {
   limits->set_max_rank(desc.max_rank);
   out->set_shm_prefix(desc.shm_prefix);
   for (const std::string& kind : desc.memory_kinds) out->add_memory_kinds(kind);
+  out->set_fd_channel(desc.fd_channel);
 }
 
 }  // namespace tokensel::server

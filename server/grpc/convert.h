@@ -80,6 +80,7 @@ struct ServerDescription {
   uint32_t max_rank = 0;
   std::string shm_prefix;
   std::vector<std::string> memory_kinds;
+  bool fd_channel = false;  // every unix listener has an fd channel
 };
 void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out);
 

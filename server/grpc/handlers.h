@@ -23,6 +23,7 @@
 #include "server/core/executor.h"
 #include "server/core/service_metrics.h"
 #include "server/core/session_manager.h"
+#include "server/grpc/connection_table.h"
 #include "server/grpc/convert.h"
 #include "server/grpc/work_queue.h"
 #include "tokensel/v1/tokensel.pb.h"
@@ -41,6 +42,9 @@ struct ServiceDeps {
   core::Executor* executor = nullptr;
   core::ServiceMetrics* metrics = nullptr;
   WorkQueue* workers = nullptr;
+  // Peers of the connections (PeerOf(connections, ctx)); null in tests
+  // without an accept loop.
+  const ConnectionTable* connections = nullptr;
   ServerDescription description;
 };
 

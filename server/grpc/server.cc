@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -22,9 +23,11 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/backends/make_backend.h"
+#include "server/grpc/grpc_connection_sink.h"
 #include "server/grpc/listeners.h"
 #include "server/grpc/service.h"
 #include "server/grpc/tcp_security.h"
+#include "server/grpc/unix_socket.h"
 #include "server/grpc/work_queue.h"
 #include "server/memory/cuda_ipc_mapper.h"
 #include "server/memory/host_shm_mapper.h"
@@ -55,13 +58,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   return server;
 }
 
-Server::Server(ServerOptions options) : options_(std::move(options)) {}
+Server::Server(ServerOptions options)
+    : options_(std::move(options)), fd_receiver_(options_.fd_receiver) {}
 
 Server::~Server() { Shutdown(); }
 
 absl::Status Server::Init() {
   if (options_.listen.empty()) return absl::InvalidArgumentError("listen: no address given");
   if (options_.max_inflight == 0) return absl::InvalidArgumentError("max_inflight must be > 0");
+  if (options_.max_connections == 0 || options_.max_connections_per_peer == 0) {
+    return absl::InvalidArgumentError("max_connections and max_connections_per_peer must be > 0");
+  }
   RETURN_IF_ERROR(memory::HostShmMapper::ValidatePrefix(options_.shm_prefix));
 
   ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
@@ -81,6 +88,16 @@ absl::Status Server::Init() {
       [registry](const std::string& session) { registry->UnregisterAll(session); },
       metrics_.get());
   admission_ = std::make_unique<core::Admission>(options_.max_inflight, metrics_.get());
+  const FdLimit fd_limit = RaiseFdLimit();
+  const uint32_t max_connections = ConnectionCapForFdLimit(options_.max_connections, fd_limit.soft);
+  if (max_connections < options_.max_connections) {
+    TS_LOG(WARNING) << "max_connections " << options_.max_connections << " lowered to "
+                    << max_connections << ": RLIMIT_NOFILE allows " << fd_limit.soft
+                    << " descriptors and the server keeps some for everything else";
+  }
+  connections_ = std::make_unique<ConnectionTable>(
+      max_connections, std::min(options_.max_connections_per_peer, max_connections),
+      metrics_.get());
   executor_ = std::make_unique<core::Executor>(backend_.get(), registry_.get(), metrics_.get(),
                                                options_.max_message_bytes,
                                                options_.max_op_elements);
@@ -96,6 +113,7 @@ absl::Status Server::Init() {
   deps.executor = executor_.get();
   deps.metrics = metrics_.get();
   deps.workers = workers_.get();
+  deps.connections = connections_.get();
   ServerDescription& d = deps.description;
   d.version = TOKENSEL_VERSION;
   d.backend = std::string(backend_->name());
@@ -108,6 +126,10 @@ absl::Status Server::Init() {
   d.shm_prefix = options_.shm_prefix;
   d.memory_kinds = {"host_shm"};
   if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) d.memory_kinds.push_back("cuda_ipc");
+  const bool any_unix =
+      std::any_of(options_.listen.begin(), options_.listen.end(),
+                  [](const std::string& a) { return absl::StartsWith(a, "unix:"); });
+  d.fd_channel = fd_receiver_ != nullptr && any_unix;
   service_ = std::make_unique<TokenSelectService>(std::move(deps));
 
   RETURN_IF_ERROR(StartGrpc());
@@ -125,9 +147,6 @@ absl::Status Server::Init() {
 absl::Status Server::StartGrpc() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(ClampToInt(options_.max_message_bytes));
-  builder.SetMaxSendMessageSize(ClampToInt(options_.max_message_bytes));
   std::vector<ListenAddress> addresses;
   std::vector<std::string> tcp_listeners;
   for (const std::string& raw : options_.listen) {
@@ -146,52 +165,54 @@ absl::Status Server::StartGrpc() {
   tcp_options.auth_token_file = options_.auth_token_file;
   tcp_options.insecure_tcp = options_.insecure_tcp;
   ASSIGN_OR_RETURN(TcpSecurity tcp_security, TcpSecurity::Load(tcp_options, tcp_listeners));
+  if (!tcp_listeners.empty()) RETURN_IF_ERROR(tcp_security.Probe());
 
-  std::vector<std::unique_ptr<int>> ports;  // stable addresses for the builder
+  AcceptLoopOptions loop_options;
+  loop_options.fd_channel_idle_timeout = options_.fd_channel_idle_timeout;
+  accept_loop_ = std::make_unique<AcceptLoop>(loop_options, connections_.get(), metrics_.get());
   for (const ListenAddress& address : addresses) {
-    if (address.unix_path.has_value()) RETURN_IF_ERROR(RemoveStaleSocket(*address.unix_path));
-    ports.push_back(std::make_unique<int>(0));
-    builder.AddListeningPort(address.address,
-                             address.unix_path.has_value() ? grpc::InsecureServerCredentials()
-                                                           : tcp_security.credentials(),
-                             ports.back().get());
+    if (address.unix_path.has_value()) {
+      UnixListenOptions unix_options;
+      unix_options.group = socket_gid;
+      const std::string& path = *address.unix_path;
+      ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(path, unix_options));
+      socket_paths_.push_back(path);
+      accept_loop_->AddListener(Transport::kUnix, std::move(fd));
+      if (fd_receiver_ != nullptr) {
+        unix_options.type = SOCK_SEQPACKET;
+        const std::string fd_path = FdChannelPath(path);
+        ASSIGN_OR_RETURN(UniqueFd channel, ListenUnix(fd_path, unix_options));
+        socket_paths_.push_back(fd_path);
+        accept_loop_->AddListener(Transport::kFdChannel, std::move(channel));
+      }
+      listen_addresses_.push_back(address.address);
+    } else {
+      ASSIGN_OR_RETURN(TcpListener tcp, ListenTcp(address));
+      for (UniqueFd& fd : tcp.fds) accept_loop_->AddListener(Transport::kTcp, std::move(fd));
+      listen_addresses_.push_back(WithPort(address.address, tcp.port));
+    }
+  }
+
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(ClampToInt(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(ClampToInt(options_.max_message_bytes));
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(options_.handshake_timeout), 1, INT_MAX)));
+  if (!tcp_listeners.empty()) {
+    tcp_acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        tcp_security.credentials());
   }
   builder.RegisterService(service_.get());
-  const absl::string_view tls_hint =
-      tcp_security.tls() ? " (or the TLS setup failed: are --tls_cert and --tls_key a matching "
-                           "PEM certificate and private key?)"
-                         : "";
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("listen: could not start the gRPC server on ",
-                                                      absl::StrJoin(options_.listen, ", "),
-                                                      tls_hint));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listen: could not start the gRPC server for ", absl::StrJoin(options_.listen, ", ")));
   }
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    if (*ports[i] == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("listen ", addresses[i].address, ": could not bind",
-                       addresses[i].unix_path.has_value() ? "" : tls_hint));
-    }
-    if (addresses[i].unix_path.has_value()) {
-      const std::string& path = *addresses[i].unix_path;
-      socket_paths_.push_back(path);
-      if (socket_gid.has_value() &&
-          ::chown(path.c_str(), static_cast<uid_t>(-1), *socket_gid) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat("listen: chown ", path, " to group ",
-                                                          options_.unix_socket_group,
-                                                          " failed: ", std::strerror(errno)));
-      }
-      if (::chmod(path.c_str(), 0660) != 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("listen: chmod 0660 ", path, " failed: ", std::strerror(errno)));
-      }
-      listen_addresses_.push_back(addresses[i].address);
-    } else {
-      listen_addresses_.push_back(WithPort(addresses[i].address, *ports[i]));
-    }
-  }
-  return absl::OkStatus();
+  sink_ = std::make_unique<GrpcConnectionSink>(grpc_server_.get(), tcp_acceptor_.get());
+  return accept_loop_->Start(sink_.get(), fd_receiver_);
 }
 
 absl::Status Server::StartExposer() {
@@ -243,6 +264,8 @@ void Server::Shutdown(absl::Duration grace) {
     // drain, which only need a moment to be answered UNAVAILABLE.
     grpc_deadline = std::min(deadline, absl::Now() + kIdleStreamGrace);
   }
+  // No connection may reach gRPC once it shuts down (see grpc_connection_sink.h).
+  if (accept_loop_ != nullptr) accept_loop_->Stop();
   if (grpc_server_ != nullptr) grpc_server_->Shutdown(absl::ToChronoTime(grpc_deadline));
   if (workers_ != nullptr) workers_->Stop();
   {
