@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,7 +89,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   argv.push_back(absl::StrCat("--metrics_address=", options.metrics ? "127.0.0.1:0" : ""));
   argv.push_back(absl::StrCat("--shm_prefix=", server->shm_prefix_));
   for (auto& arg : options.extra_args) argv.push_back(arg);
-  if (absl::Status s = server->Launch(argv); !s.ok()) return s;
+  if (absl::Status s = server->Launch(argv, options.rlimit_nofile); !s.ok()) return s;
   if (!options.wait_for_startup) return server;
 
   const absl::Time deadline = absl::Now() + options.startup_timeout;
@@ -140,7 +141,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   return server;
 }
 
-absl::Status ServerProcess::Launch(const std::vector<std::string>& argv) {
+absl::Status ServerProcess::Launch(const std::vector<std::string>& argv,
+                                   std::optional<uint64_t> nofile) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2");
   // Everything the child needs is prepared before fork: after it only
@@ -156,6 +158,10 @@ absl::Status ServerProcess::Launch(const std::vector<std::string>& argv) {
     if (getppid() != parent) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
+    if (nofile.has_value()) {
+      const rlimit limit{static_cast<rlim_t>(*nofile), static_cast<rlim_t>(*nofile)};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(126);
+    }
     execv(cargv[0], cargv.data());
     _exit(127);
   }

@@ -34,6 +34,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,8 @@ struct ServerOptions {
   // Names passed to --shm_prefix; empty = DefaultShmPrefix().
   std::string shm_prefix;
   absl::Duration startup_timeout = absl::Seconds(30);
+  // RLIMIT_NOFILE (soft = hard) set in the child before exec; nullopt = inherit.
+  std::optional<uint64_t> rlimit_nofile;
 };
 
 class ServerProcess {
@@ -77,6 +80,8 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
   // "unix:///tmp/tokensel-it-XXXXXX/tokensel.sock".
   const std::string& unix_target() const { return unix_target_; }
+  // The private temp directory (mode 0700, removed by the destructor).
+  const std::string& temp_dir() const { return temp_dir_; }
   // "127.0.0.1:<port>"; empty without options.tcp (or wait_for_startup).
   const std::string& tcp_target() const { return tcp_target_; }
   // 0 without options.metrics.
@@ -105,7 +110,7 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
-  absl::Status Launch(const std::vector<std::string>& argv);
+  absl::Status Launch(const std::vector<std::string>& argv, std::optional<uint64_t> nofile);
   void ReadLoop(int fd);
   absl::Status WithOutput(absl::Status status) const;
 
