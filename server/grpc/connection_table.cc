@@ -89,7 +89,8 @@ std::optional<RefuseReason> ConnectionTable::OverCapLocked(const std::string& pr
 std::optional<RefuseReason> ConnectionTable::Add(int fd, Transport transport,
                                                  const core::Peer& peer) {
   struct stat st;
-  if (::fstat(fd, &st) != 0) return RefuseReason::kFdLimit;  // not a live descriptor
+  // Not a live descriptor (cannot happen for one just accepted): refuse.
+  if (::fstat(fd, &st) != 0) return RefuseReason::kMaxConnections;
   Entry entry;
   entry.dev = st.st_dev;
   entry.ino = st.st_ino;

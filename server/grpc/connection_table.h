@@ -119,8 +119,9 @@ class ConnectionTable {
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-// The peer of the call `ctx` (ctx.peer() through `table`); Peer{} when
-// `table` is null. For handlers: call it while the call runs.
+// The peer of the call `ctx` (ctx.peer() through `table`). Without a table
+// only TCP peers are known (unix calls -> Peer{}). For handlers: call it
+// while the call runs (see "Descriptor reuse" above).
 core::Peer PeerOf(const ConnectionTable* table, const grpc::ServerContextBase& ctx);
 
 }  // namespace tokensel::server

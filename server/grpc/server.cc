@@ -184,6 +184,7 @@ absl::Status Server::StartGrpc() {
         ASSIGN_OR_RETURN(UniqueFd channel, ListenUnix(fd_path, unix_options));
         socket_paths_.push_back(fd_path);
         accept_loop_->AddListener(Transport::kFdChannel, std::move(channel));
+        TS_LOG(INFO) << "fd channel on " << fd_path;
       }
       listen_addresses_.push_back(address.address);
     } else {

@@ -233,6 +233,12 @@ TEST_F(NetTest, TotalCapAppliesToEveryone) {
   int alive = 0;
   for (int fd : fds) alive += ClosedByServer(fd) ? 0 : 1;
   EXPECT_EQ(alive, 6);
+  auto metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_OK(metrics);
+  EXPECT_EQ(testing::MetricValue(metrics->body, "tokensel_connections{transport=\"tcp\"}"), 6);
+  EXPECT_EQ(testing::MetricValue(metrics->body,
+                                 "tokensel_connections_refused_total{reason=\"max_connections\"}"),
+            4);
   EXPECT_THAT(Client(server_->UnixChannel(), absl::Seconds(2)).Ping(),
               ::testing::Not(::tokensel::testing::IsOk()));
   for (int fd : fds) ::close(fd);
