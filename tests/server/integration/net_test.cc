@@ -245,6 +245,27 @@ TEST_F(NetTest, TotalCapAppliesToEveryone) {
   EXPECT_OK(PingWithin(server_->UnixChannel(), absl::Seconds(10)));
 }
 
+// A TCP connection that never sends the HTTP/2 preface is closed after the
+// 10 s handshake bound, also now that the server accepts it itself.
+TEST_F(NetTest, SilentTcpConnectionIsClosedAfterTheHandshakeTimeout) {
+  auto server = ServerProcess::Start({});
+  ASSERT_OK(server);
+  server_ = *std::move(server);
+  const int fd = ConnectTcp(TcpPort(*server_), 1);
+  ASSERT_GE(fd, 0);
+  const absl::Time start = absl::Now();
+  bool closed = false;
+  while (!closed && absl::Now() - start < absl::Seconds(20)) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 100) > 0) closed = ClosedByServer(fd);
+  }
+  const absl::Duration took = absl::Now() - start;
+  ::close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_GE(took, absl::Seconds(9));
+  EXPECT_LE(took, absl::Seconds(15));
+}
+
 TEST_F(NetTest, UnixPeersAreTheKernelsUids) {
   if (!Root()) GTEST_SKIP() << "needs root to run clients as uids " << kUidA << "/" << kUidB;
   ASSERT_NO_FATAL_FAILURE(StartSharedServer({"--log_level=debug"}));
