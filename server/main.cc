@@ -20,11 +20,21 @@
 #include "common/log.h"
 #include "server/grpc/server.h"
 
-ABSL_FLAG(std::vector<std::string>, listen, {"unix:///tmp/tokensel.sock"},
+ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/tokensel/tokensel.sock"},
           "Address to serve gRPC on; repeat the flag (or separate with commas) for several. "
-          "unix:///absolute/path for co-located workers (socket mode 0660; a stale socket is "
-          "replaced), host:port for TCP (needs --tls_cert, --tls_key and --auth_token_file, or "
-          "--insecure_tcp; port 0 picks a free port, printed at startup).");
+          "unix:///absolute/path for co-located workers: the directory is created (0750) if "
+          "missing and must not be writable by others unless sticky; the socket gets mode "
+          "0660 and --unix_socket_group; a stale socket of this user is replaced (non-root: "
+          "use unix://$XDG_RUNTIME_DIR/tokensel.sock). host:port for TCP (needs --tls_cert, "
+          "--tls_key and --auth_token_file, or --insecure_tcp; port 0 picks a free port, "
+          "printed at startup).");
+ABSL_FLAG(uint32_t, max_connections, 4096,
+          "Most connections open at once (gRPC on every listener plus fd channel); a new one "
+          "beyond it is closed at once. Lowered to what RLIMIT_NOFILE leaves room for (the "
+          "soft limit is raised to the hard one at startup).");
+ABSL_FLAG(uint32_t, max_connections_per_peer, 256,
+          "Most connections one peer may hold open (a unix uid, a TCP client address); a new "
+          "one beyond it is closed at once.");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port of the Prometheus /metrics endpoint; empty disables it.");
 ABSL_FLAG(std::string, backend, "auto",
@@ -125,7 +135,8 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "token selection (sort, gather, scatter, masks, THD seqlens) as a "
-      "node-local gRPC service.\nUsage: tokensel-server [--listen=unix:///tmp/tokensel.sock] "
+      "node-local gRPC service.\nUsage: tokensel-server "
+      "[--listen=unix:///run/tokensel/tokensel.sock] "
       "[--listen=0.0.0.0:50051] [flags]");
   std::vector<std::string> merged = MergeListenFlags(argc, argv);
   std::vector<char*> merged_argv;
@@ -162,6 +173,8 @@ int main(int argc, char** argv) {
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_op_elements = absl::GetFlag(FLAGS_max_op_elements);
+  options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  options.max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
   if (options.threads < 0) return Fail(absl::InvalidArgumentError("threads must be >= 0"));
   if (options.session_ttl <= absl::ZeroDuration()) {
     return Fail(absl::InvalidArgumentError("session_ttl must be positive"));

@@ -57,6 +57,19 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
   inflight_ = &gauge("tokensel_inflight_requests", "Requests currently being served.");
   request_memory_ = &gauge("tokensel_request_memory_bytes",
                            "Memory reserved by requests in flight (staging, scratch, results).");
+  connections_ = &prometheus::BuildGauge()
+                      .Name("tokensel_connections")
+                      .Help("Connections currently open, by transport (unix, tcp, fd_channel).")
+                      .Register(*registry_);
+  connections_refused_ = &prometheus::BuildCounter()
+                              .Name("tokensel_connections_refused_total")
+                              .Help(
+                                  "Connections closed at accept, by reason (max_connections, "
+                                  "max_connections_per_peer, fd_limit).")
+                              .Register(*registry_);
+  for (const char* reason : {"max_connections", "max_connections_per_peer", "fd_limit"}) {
+    connections_refused_->Add({{"reason", reason}});
+  }
   prometheus::BuildGauge()
       .Name("tokensel_build_info")
       .Help("Always 1; the labels carry the server version and the active backend.")
@@ -131,5 +144,14 @@ void ServiceMetrics::SetRegisteredBytes(double bytes) { registered_bytes_->Set(b
 void ServiceMetrics::SetSessions(double n) { sessions_->Set(n); }
 void ServiceMetrics::SetInflight(double n) { inflight_->Set(n); }
 void ServiceMetrics::SetRequestMemory(double bytes) { request_memory_->Set(bytes); }
+
+// Family::Add returns the existing series; connection events are rare next
+// to RPCs, so the lookup is not worth a cache.
+void ServiceMetrics::SetConnections(absl::string_view transport, double n) {
+  connections_->Add({{"transport", std::string(transport)}}).Set(n);
+}
+void ServiceMetrics::CountRefusedConnection(absl::string_view reason) {
+  connections_refused_->Add({{"reason", std::string(reason)}}).Increment();
+}
 
 }  // namespace tokensel::core

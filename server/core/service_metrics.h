@@ -12,6 +12,9 @@
 //   tokensel_inflight_requests                     gauge
 //   tokensel_request_memory_bytes                  gauge (MemoryBudget in use)
 //   tokensel_build_info{version,backend}           gauge, always 1
+//   tokensel_connections{transport}                gauge (unix, tcp, fd_channel)
+//   tokensel_connections_refused_total{reason}     counter (max_connections,
+//                                                  max_connections_per_peer, fd_limit)
 //
 // Thread-safe; the observe calls are lock-free after the first use of a
 // label combination.
@@ -54,6 +57,9 @@ class ServiceMetrics {
   void SetSessions(double n);
   void SetInflight(double n);
   void SetRequestMemory(double bytes);
+  // `transport` and `reason` come from a small fixed set (the front end's).
+  void SetConnections(absl::string_view transport, double n);
+  void CountRefusedConnection(absl::string_view reason);
 
   // The histogram bucket upper bounds (seconds), 10 us .. ~10 s.
   static const std::vector<double>& LatencyBuckets();
@@ -73,6 +79,8 @@ class ServiceMetrics {
   prometheus::Gauge* sessions_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* request_memory_;
+  prometheus::Family<prometheus::Gauge>* connections_;
+  prometheus::Family<prometheus::Counter>* connections_refused_;
 
   tokensel::Mutex mu_;
   std::map<std::string, prometheus::Histogram*, std::less<>> op_hist_ ABSL_GUARDED_BY(mu_);

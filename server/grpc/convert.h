@@ -88,7 +88,7 @@ struct ServerDescription {
   uint64_t memory_budget_bytes = 0;
   std::string shm_prefix;
   std::vector<std::string> memory_kinds;
-  bool fd_channel = false;
+  bool fd_channel = false;  // every unix listener has an fd channel
 };
 void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out);
 

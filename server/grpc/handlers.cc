@@ -40,7 +40,7 @@ absl::Status NoThrow(const std::function<absl::Status()>& work) {
 }
 
 core::Peer Handlers::PeerOf(const grpc::CallbackServerContext& ctx) const {
-  return deps_.peer_of ? deps_.peer_of(ctx) : core::Peer();
+  return server::PeerOf(deps_.connections, ctx);
 }
 
 absl::StatusOr<core::SessionInfo> Handlers::TouchSession(

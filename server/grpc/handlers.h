@@ -27,6 +27,7 @@
 #include "server/core/peer.h"
 #include "server/core/service_metrics.h"
 #include "server/core/session_manager.h"
+#include "server/grpc/connection_table.h"
 #include "server/grpc/convert.h"
 #include "server/grpc/work_queue.h"
 #include "tokensel/v1/tokensel.pb.h"
@@ -36,13 +37,9 @@ namespace tokensel::server {
 // The metadata key that carries the session id.
 inline constexpr absl::string_view kSessionMetadataKey = "tokensel-session";
 
-// Who is calling: the front end's identification of the call's connection
-// (core::Peer{} when it cannot tell, e.g. in-process channels).
-using PeerFn = std::function<core::Peer(const grpc::CallbackServerContext&)>;
-
 // What the service works with; owned by the Server, all non-null except
-// `metrics`, `tickets` (no fd registration) and `peer_of` (every caller is
-// Peer{}).
+// `metrics`, `tickets` (no fd registration) and `connections` (callers on
+// unix sockets are then Peer{}).
 struct ServiceDeps {
   core::SessionManager* sessions = nullptr;
   core::BufferRegistry* registry = nullptr;
@@ -51,7 +48,9 @@ struct ServiceDeps {
   core::ServiceMetrics* metrics = nullptr;
   core::FdTickets* tickets = nullptr;
   WorkQueue* workers = nullptr;
-  PeerFn peer_of;
+  // Peers of the connections (PeerOf(connections, ctx)); null in tests
+  // without an accept loop.
+  const ConnectionTable* connections = nullptr;
   ServerDescription description;
 };
 
@@ -82,7 +81,8 @@ class Handlers {
   // The session id in the call's metadata, or nullopt when there is none.
   static std::optional<std::string> SessionMetadata(const grpc::CallbackServerContext& ctx);
 
-  // The caller of `ctx` (deps().peer_of, or Peer{}).
+  // The caller of `ctx` as the accept loop identified its connection
+  // (PeerOf in connection_table.h; Peer{} when it cannot tell).
   core::Peer PeerOf(const grpc::CallbackServerContext& ctx) const;
 
   // The call's session, renewed: INVALID_ARGUMENT "missing tokensel-session

@@ -12,6 +12,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -23,9 +24,11 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/backends/make_backend.h"
+#include "server/grpc/grpc_connection_sink.h"
 #include "server/grpc/listeners.h"
 #include "server/grpc/service.h"
 #include "server/grpc/tcp_security.h"
+#include "server/grpc/unix_socket.h"
 #include "server/grpc/work_queue.h"
 #include "server/memory/cuda_ipc_mapper.h"
 #include "server/memory/host_fd_mapper.h"
@@ -78,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   return server;
 }
 
-Server::Server(ServerOptions options) : options_(std::move(options)) {}
+Server::Server(ServerOptions options)
+    : options_(std::move(options)), fd_receiver_(options_.fd_receiver) {}
 
 Server::~Server() { Shutdown(); }
 
@@ -88,6 +92,9 @@ absl::Status Server::Init() {
   if (options_.max_buffers_total > memory::SigbusGuard::kCapacity) {
     return absl::InvalidArgumentError(absl::StrCat("max_buffers_total must be <= ",
                                                    memory::SigbusGuard::kCapacity));
+  }
+  if (options_.max_connections == 0 || options_.max_connections_per_peer == 0) {
+    return absl::InvalidArgumentError("max_connections and max_connections_per_peer must be > 0");
   }
 
   ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
@@ -115,6 +122,8 @@ absl::Status Server::Init() {
       metrics_.get());
   tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(),
                                                core::FdTicketLimits());
+  // The fd channel delivers to the tickets (unless a test brought its own).
+  if (fd_receiver_ == nullptr) fd_receiver_ = tickets_.get();
   const uint64_t budget_bytes = options_.memory_budget_bytes != 0 ? options_.memory_budget_bytes
                                                                   : DefaultMemoryBudgetBytes();
   const uint64_t request_bytes = options_.max_request_memory_bytes != 0
@@ -122,6 +131,16 @@ absl::Status Server::Init() {
                                      : std::min(budget_bytes, uint64_t{1} << 30);
   budget_ = std::make_unique<core::MemoryBudget>(budget_bytes, request_bytes, metrics_.get());
   admission_ = std::make_unique<core::Admission>(options_.max_inflight, metrics_.get());
+  const FdLimit fd_limit = RaiseFdLimit();
+  const uint32_t max_connections = ConnectionCapForFdLimit(options_.max_connections, fd_limit.soft);
+  if (max_connections < options_.max_connections) {
+    TS_LOG(WARNING) << "max_connections " << options_.max_connections << " lowered to "
+                    << max_connections << ": RLIMIT_NOFILE allows " << fd_limit.soft
+                    << " descriptors and the server keeps some for everything else";
+  }
+  connections_ = std::make_unique<ConnectionTable>(
+      max_connections, std::min(options_.max_connections_per_peer, max_connections),
+      metrics_.get());
   core::ExecutorLimits executor_limits;
   executor_limits.max_inline_bytes = options_.max_message_bytes;
   executor_limits.max_response_bytes = options_.max_message_bytes;
@@ -141,6 +160,7 @@ absl::Status Server::Init() {
   deps.metrics = metrics_.get();
   deps.tickets = tickets_.get();
   deps.workers = workers_.get();
+  deps.connections = connections_.get();
   ServerDescription& d = deps.description;
   d.version = TOKENSEL_VERSION;
   d.backend = std::string(backend_->name());
@@ -158,6 +178,10 @@ absl::Status Server::Init() {
   d.shm_prefix = options_.shm_prefix;
   d.memory_kinds = {"host_shm"};
   if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) d.memory_kinds.push_back("cuda_ipc");
+  const bool any_unix =
+      std::any_of(options_.listen.begin(), options_.listen.end(),
+                  [](const std::string& a) { return absl::StartsWith(a, "unix:"); });
+  d.fd_channel = fd_receiver_ != nullptr && any_unix;
   service_ = std::make_unique<TokenSelectService>(std::move(deps));
 
   RETURN_IF_ERROR(StartGrpc());
@@ -175,9 +199,6 @@ absl::Status Server::Init() {
 absl::Status Server::StartGrpc() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(ClampToInt(options_.max_message_bytes));
-  builder.SetMaxSendMessageSize(ClampToInt(options_.max_message_bytes));
   std::vector<ListenAddress> addresses;
   std::vector<std::string> tcp_listeners;
   for (const std::string& raw : options_.listen) {
@@ -196,52 +217,55 @@ absl::Status Server::StartGrpc() {
   tcp_options.auth_token_file = options_.auth_token_file;
   tcp_options.insecure_tcp = options_.insecure_tcp;
   ASSIGN_OR_RETURN(TcpSecurity tcp_security, TcpSecurity::Load(tcp_options, tcp_listeners));
+  if (!tcp_listeners.empty()) RETURN_IF_ERROR(tcp_security.Probe());
 
-  std::vector<std::unique_ptr<int>> ports;  // stable addresses for the builder
+  AcceptLoopOptions loop_options;
+  loop_options.fd_channel_idle_timeout = options_.fd_channel_idle_timeout;
+  accept_loop_ = std::make_unique<AcceptLoop>(loop_options, connections_.get(), metrics_.get());
   for (const ListenAddress& address : addresses) {
-    if (address.unix_path.has_value()) RETURN_IF_ERROR(RemoveStaleSocket(*address.unix_path));
-    ports.push_back(std::make_unique<int>(0));
-    builder.AddListeningPort(address.address,
-                             address.unix_path.has_value() ? grpc::InsecureServerCredentials()
-                                                           : tcp_security.credentials(),
-                             ports.back().get());
+    if (address.unix_path.has_value()) {
+      UnixListenOptions unix_options;
+      unix_options.group = socket_gid;
+      const std::string& path = *address.unix_path;
+      ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(path, unix_options));
+      socket_paths_.push_back(path);
+      accept_loop_->AddListener(Transport::kUnix, std::move(fd));
+      if (fd_receiver_ != nullptr) {
+        unix_options.type = SOCK_SEQPACKET;
+        const std::string fd_path = FdChannelPath(path);
+        ASSIGN_OR_RETURN(UniqueFd channel, ListenUnix(fd_path, unix_options));
+        socket_paths_.push_back(fd_path);
+        accept_loop_->AddListener(Transport::kFdChannel, std::move(channel));
+        TS_LOG(INFO) << "fd channel on " << fd_path;
+      }
+      listen_addresses_.push_back(address.address);
+    } else {
+      ASSIGN_OR_RETURN(TcpListener tcp, ListenTcp(address));
+      for (UniqueFd& fd : tcp.fds) accept_loop_->AddListener(Transport::kTcp, std::move(fd));
+      listen_addresses_.push_back(WithPort(address.address, tcp.port));
+    }
+  }
+
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(ClampToInt(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(ClampToInt(options_.max_message_bytes));
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(options_.handshake_timeout), 1, INT_MAX)));
+  if (!tcp_listeners.empty()) {
+    tcp_acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        tcp_security.credentials());
   }
   builder.RegisterService(service_.get());
-  const absl::string_view tls_hint =
-      tcp_security.tls() ? " (or the TLS setup failed: are --tls_cert and --tls_key a matching "
-                           "PEM certificate and private key?)"
-                         : "";
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("listen: could not start the gRPC server on ",
-                                                      absl::StrJoin(options_.listen, ", "),
-                                                      tls_hint));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listen: could not start the gRPC server for ", absl::StrJoin(options_.listen, ", ")));
   }
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    if (*ports[i] == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("listen ", addresses[i].address, ": could not bind",
-                       addresses[i].unix_path.has_value() ? "" : tls_hint));
-    }
-    if (addresses[i].unix_path.has_value()) {
-      const std::string& path = *addresses[i].unix_path;
-      socket_paths_.push_back(path);
-      if (socket_gid.has_value() &&
-          ::chown(path.c_str(), static_cast<uid_t>(-1), *socket_gid) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat("listen: chown ", path, " to group ",
-                                                          options_.unix_socket_group,
-                                                          " failed: ", std::strerror(errno)));
-      }
-      if (::chmod(path.c_str(), 0660) != 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("listen: chmod 0660 ", path, " failed: ", std::strerror(errno)));
-      }
-      listen_addresses_.push_back(addresses[i].address);
-    } else {
-      listen_addresses_.push_back(WithPort(addresses[i].address, *ports[i]));
-    }
-  }
-  return absl::OkStatus();
+  sink_ = std::make_unique<GrpcConnectionSink>(grpc_server_.get(), tcp_acceptor_.get());
+  return accept_loop_->Start(sink_.get(), fd_receiver_);
 }
 
 absl::Status Server::StartExposer() {
@@ -294,6 +318,8 @@ void Server::Shutdown(absl::Duration grace) {
     // drain, which only need a moment to be answered UNAVAILABLE.
     grpc_deadline = std::min(deadline, absl::Now() + kIdleStreamGrace);
   }
+  // No connection may reach gRPC once it shuts down (see grpc_connection_sink.h).
+  if (accept_loop_ != nullptr) accept_loop_->Stop();
   if (grpc_server_ != nullptr) grpc_server_->Shutdown(absl::ToChronoTime(grpc_deadline));
   if (workers_ != nullptr) workers_->Stop();
   {

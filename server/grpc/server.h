@@ -13,21 +13,31 @@
 // thread that expires idle sessions and unredeemed fd tickets. Health reports SERVING for
 // "" and "tokensel.v1.TokenSelect" once all of that is up.
 //
-// Listeners: "unix:///abs/path" (or "unix:rel/path") and "host:port". A stale
-// socket file (nobody accepting on it) is removed first; a live one, or a
-// non-socket file at that path, fails Start. Socket files are chown'ed to
-// `unix_socket_group` (if set) and chmod 0660 after bind, and removed by
-// Shutdown; the socket's permissions are the unix callers' authentication.
+// Listeners: "unix:///abs/path" (or "unix:rel/path") and "host:port". The
+// server binds and accepts them itself (accept_loop.h) and hands gRPC each
+// accepted connection; a ConnectionTable (connection_table.h) knows the
+// peer of every connection (unix: SO_PEERCRED uid/gid/pid; TCP: address)
+// and enforces `max_connections` / `max_connections_per_peer` (the first
+// lowered to what RLIMIT_NOFILE leaves room for, see
+// ConnectionCapForFdLimit; the soft limit is raised to the hard one first).
+// Handlers get the peer of a call with PeerOf(&connections(), *ctx).
+// Unix sockets follow the rules of unix_socket.h (directory created 0750 if
+// missing, no directory others can write unless sticky, a stale socket
+// removed only if ours, bound under umask 0177, then `unix_socket_group`
+// and mode 0660) and are removed by Shutdown; the socket's permissions are
+// the unix callers' authentication. With an `fd_receiver`, every unix
+// listener gets an fd channel beside it (path + ".fd", SOCK_SEQPACKET, same
+// rules; fd_channel_protocol.h) and ServerInfo.fd_channel is true.
 // TCP listeners use the credentials of TcpSecurity (tcp_security.h): TLS and
 // a bearer token, or, only with `insecure_tcp`, less (a WARNING is logged);
 // a TCP listener without TLS and token fails Start unless `insecure_tcp`.
+// Handshakes (TLS, HTTP/2 preface) must finish within `handshake_timeout`.
 // Port 0 picks a free port; listen_addresses() reports the resolved one.
 //
 // Shutdown: health NOT_SERVING, Admission::Drain (in-flight requests finish,
-// new ones get UNAVAILABLE), grpc::Server::Shutdown with the rest of the grace
-// period as deadline (then cancels), the workers finish their queue, every
-// session is closed (its buffers unmapped), sockets removed. Idempotent; the
-// destructor calls it.
+// new ones get UNAVAILABLE), the accept loop stops, grpc::Server::Shutdown with the rest of the
+// grace period as deadline (then cancels), the workers finish their queue, every session is closed
+// (its buffers unmapped), sockets removed. Idempotent; the destructor calls it.
 //
 // Thread-safe: Shutdown may race with requests and with itself.
 #ifndef TOKENSEL_SERVER_GRPC_SERVER_H_
@@ -50,12 +60,18 @@
 #include "server/core/executor.h"
 #include "server/core/fd_tickets.h"
 #include "server/core/memory_budget.h"
+#include "server/core/fd_channel.h"
 #include "server/core/region.h"
 #include "server/core/service_metrics.h"
 #include "server/core/session_manager.h"
+#include "server/grpc/accept_loop.h"
+#include "server/grpc/connection_table.h"
 
 namespace grpc {
 class Server;
+namespace experimental {
+class ExternalConnectionAcceptor;
+}  // namespace experimental
 }  // namespace grpc
 namespace prometheus {
 class Exposer;
@@ -67,7 +83,7 @@ class TokenSelectService;
 class WorkQueue;
 
 struct ServerOptions {
-  std::vector<std::string> listen = {"unix:///tmp/tokensel.sock"};
+  std::vector<std::string> listen = {"unix:///run/tokensel/tokensel.sock"};
   std::string metrics_address = "0.0.0.0:9464";  // empty = no exposer
   std::string backend = "auto";                  // auto | cpu | cuda
   int threads = 0;                               // 0 = hardware concurrency
@@ -93,6 +109,18 @@ struct ServerOptions {
   // Per-op work bound (core::EstimateOpWork, elements); 0 = none.
   uint64_t max_op_elements = uint64_t{1} << 34;
   absl::Duration reap_interval = absl::Seconds(1);
+  // Connections (gRPC on every transport + fd channel) in all / per peer
+  // principal (a uid, a TCP address); beyond them a new connection is
+  // closed at once.
+  uint32_t max_connections = 4096;
+  uint32_t max_connections_per_peer = 256;
+  // TLS handshake and HTTP/2 preface of a TCP connection
+  // (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS).
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // Receives the descriptors of the fd channel; not owned, must outlive the
+  // Server. Null: no fd channel.
+  core::FdReceiver* fd_receiver = nullptr;
+  absl::Duration fd_channel_idle_timeout = absl::Seconds(30);
 };
 
 class Server {
@@ -122,6 +150,8 @@ class Server {
   core::ServiceMetrics& metrics() { return *metrics_; }
   // The fd channel's receiver (the front end serves the socket).
   core::FdTickets& tickets() { return *tickets_; }
+  // Who is on each connection; PeerOf(&connections(), ctx) for a call.
+  const ConnectionTable& connections() const { return *connections_; }
 
  private:
   explicit Server(ServerOptions options);
@@ -143,10 +173,17 @@ class Server {
   std::unique_ptr<core::Executor> executor_;
   std::unique_ptr<WorkQueue> workers_;
   std::unique_ptr<TokenSelectService> service_;
+  // Set from options_.fd_receiver; the composition may set its own in Init
+  // before StartGrpc.
+  core::FdReceiver* fd_receiver_ = nullptr;
+  std::unique_ptr<ConnectionTable> connections_;
+  std::unique_ptr<AcceptLoop> accept_loop_;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tcp_acceptor_;
+  std::unique_ptr<ConnectionSink> sink_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::vector<std::string> listen_addresses_;
-  std::vector<std::string> socket_paths_;  // unix listeners, removed on shutdown
+  std::vector<std::string> socket_paths_;  // unix listeners + fd channels, removed on shutdown
   std::string metrics_address_;
 
   absl::Mutex shutdown_mu_;

@@ -1,6 +1,10 @@
 #include "server/grpc/tcp_security.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -13,6 +17,8 @@
 #include "common/status_macros.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "server/grpc/auth_token.h"
 #include "server/grpc/status_util.h"
 
@@ -154,6 +160,24 @@ std::string TcpSecurity::Describe() const {
   if (tls_ && token_required_) return "TLS, bearer token required";
   if (tls_) return "TLS, no token (--insecure_tcp)";
   return "plaintext, no token (--insecure_tcp)";
+}
+
+absl::Status TcpSecurity::Probe() const {
+  if (!tls_) return absl::OkStatus();
+  static std::atomic<int> probes{0};
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(
+      absl::StrCat("unix-abstract:tokensel-tls-probe-", ::getpid(), "-", probes++), credentials_,
+      &port);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::FailedPreconditionError(
+        "TCP listeners: the TLS setup failed: are --tls_cert and --tls_key a matching PEM "
+        "certificate and private key?");
+  }
+  server->Shutdown(std::chrono::system_clock::now());
+  return absl::OkStatus();
 }
 
 }  // namespace tokensel::server

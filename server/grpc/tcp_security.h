@@ -52,6 +52,12 @@ class TcpSecurity {
   // all of them (thread-safe, as gRPC requires).
   std::shared_ptr<grpc::ServerCredentials> credentials() const { return credentials_; }
   bool tls() const { return tls_; }
+  // Whether gRPC can build a listener from credentials(): a certificate and
+  // key that do not match are only found when gRPC creates its security
+  // connector. Starts and stops a throwaway server on an abstract unix
+  // socket (TLS only; plaintext always passes). FAILED_PRECONDITION naming
+  // the flags when gRPC refuses.
+  absl::Status Probe() const;
   bool token_required() const { return token_required_; }
   // "TLS, bearer token required", "TLS, no token (--insecure_tcp)",
   // "plaintext, no token (--insecure_tcp)".

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,7 +97,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
     argv.push_back(absl::StrCat("--unix_socket_group=", *options.socket_group));
   }
   for (auto& arg : options.extra_args) argv.push_back(arg);
-  if (absl::Status s = server->Launch(argv); !s.ok()) return s;
+  if (absl::Status s = server->Launch(argv, options.rlimit_nofile); !s.ok()) return s;
   if (!options.wait_for_startup) return server;
 
   const absl::Time deadline = absl::Now() + options.startup_timeout;
@@ -148,7 +149,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   return server;
 }
 
-absl::Status ServerProcess::Launch(const std::vector<std::string>& argv) {
+absl::Status ServerProcess::Launch(const std::vector<std::string>& argv,
+                                   std::optional<uint64_t> nofile) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2");
   // Everything the child needs is prepared before fork: after it only
@@ -164,6 +166,10 @@ absl::Status ServerProcess::Launch(const std::vector<std::string>& argv) {
     if (getppid() != parent) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
+    if (nofile.has_value()) {
+      const rlimit limit{static_cast<rlim_t>(*nofile), static_cast<rlim_t>(*nofile)};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(126);
+    }
     execv(cargv[0], cargv.data());
     _exit(127);
   }

@@ -34,6 +34,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +69,8 @@ struct ServerOptions {
   // and the server gets --unix_socket_group=<group> (members may connect).
   std::optional<gid_t> socket_group;
   absl::Duration startup_timeout = absl::Seconds(30);
+  // RLIMIT_NOFILE (soft = hard) set in the child before exec; nullopt = inherit.
+  std::optional<uint64_t> rlimit_nofile;
 };
 
 class ServerProcess {
@@ -82,6 +85,8 @@ class ServerProcess {
   const std::string& unix_target() const { return unix_target_; }
   // Its fd channel: the socket path + ".fd".
   std::string fd_channel_path() const { return unix_target_.substr(7) + ".fd"; }
+  // The private temp directory (mode 0700, removed by the destructor).
+  const std::string& temp_dir() const { return temp_dir_; }
   // "127.0.0.1:<port>"; empty without options.tcp (or wait_for_startup).
   const std::string& tcp_target() const { return tcp_target_; }
   // 0 without options.metrics.
@@ -110,7 +115,7 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
-  absl::Status Launch(const std::vector<std::string>& argv);
+  absl::Status Launch(const std::vector<std::string>& argv, std::optional<uint64_t> nofile);
   void ReadLoop(int fd);
   absl::Status WithOutput(absl::Status status) const;
 

@@ -1,4 +1,5 @@
 #include "server/grpc/listeners.h"
+#include "server/grpc/unix_socket.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
