@@ -1,5 +1,5 @@
-// The CPU row-copy engine of the gather/scatter/mask operators, and the
-// shared index-tensor check they run before writing anything.
+// The CPU row-copy engine of the gather/scatter/mask operators (their index
+// check is index_check.h).
 //
 // Every op here is a pure byte copy, so copies dispatch on the ELEMENT SIZE
 // (1, 2, 4, 8 bytes) only, never on the dtype: NaN payloads, -0 and
@@ -9,21 +9,14 @@
 #define TOKENSEL_KERNELS_CPU_COPY_ROWS_H_
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
-#include "absl/status/status.h"
-#include "kernels/cpu/row_check.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/gather_math.h"
-#include "kernels/tensor_view.h"
-#include "kernels/validate_gather_scatter.h"
 
 namespace tokensel::kernels::cpu {
 
@@ -133,118 +126,6 @@ void DispatchRowCopy(int64_t elem_size, int64_t count, int64_t dst_stride, int64
       body(StridedRowCopy<8>{count, ds, ss});
       break;
   }
-}
-
-namespace internal {
-
-// Position of the first offending index of row `row` (out of [0, limit), or
-// with `bitmap` non-null, a repeat within the row), or -1. `bitmap` holds
-// `limit` bits, all clear on entry and on return.
-template <typename IndexT>
-int64_t FirstBadIndexInRow(const TensorView& indices, int64_t row, int64_t limit,
-                           uint64_t* bitmap) {
-  const int64_t n = indices.shape[indices.rank - 1];
-  const char* base = indices.At(IndexOffset(indices, row, 0));
-  const int64_t stride = indices.strides[indices.rank - 1] * static_cast<int64_t>(sizeof(IndexT));
-  int64_t bad = -1;
-  int64_t pos = 0;
-  for (; pos < n; ++pos) {
-    IndexT v;
-    std::memcpy(&v, base + pos * stride, sizeof(IndexT));
-    const int64_t value = v;
-    if (value < 0 || value >= limit) {
-      bad = pos;
-      break;
-    }
-    if (bitmap != nullptr) {
-      uint64_t& word = bitmap[value >> 6];
-      const uint64_t bit = uint64_t{1} << (value & 63);
-      if (word & bit) {
-        bad = pos;
-        break;
-      }
-      word |= bit;
-    }
-  }
-  if (bitmap != nullptr) {  // clear what this row set: O(R), not O(limit)
-    for (int64_t p = 0; p < pos; ++p) {
-      IndexT v;
-      std::memcpy(&v, base + p * stride, sizeof(IndexT));
-      bitmap[static_cast<int64_t>(v) >> 6] = 0;
-    }
-  }
-  return bad;
-}
-
-// The status for the known-bad element at (row, pos).
-inline absl::Status IndexError(const TensorView& indices, int64_t row, int64_t pos, int64_t limit) {
-  const int64_t n = indices.shape[indices.rank - 1];
-  const int64_t value = LoadIndex(indices, IndexOffset(indices, row, pos));
-  if (value < 0 || value >= limit) {
-    return TokenIndexOutOfRange(indices, row * n + pos, value, limit);
-  }
-  int64_t first = 0;
-  while (LoadIndex(indices, IndexOffset(indices, row, first)) != value) ++first;
-  return TokenIndexDuplicate(indices, row * n + pos, value, row * n + first);
-}
-
-}  // namespace internal
-
-// Checks every element of `indices` (int32|int64; rows = all leading dims,
-// the last dim is the row) is in [0, limit) and, when `unique`, occurs once in
-// its row. Returns INVALID_ARGUMENT naming the FIRST offending element (lowest
-// row, then lowest position), whatever the thread count. Reads only.
-//
-// Uniqueness is checked with a bitmap of `limit` bits per thread, or, when
-// that would be far larger than a row (PreferSortingToBitmap: e.g. a
-// zero-strided `all` with a huge S), by sorting each row: memory stays O(n).
-inline absl::Status CheckIndexRows(const TensorView& indices, int64_t limit, bool unique,
-                                   ThreadPool* pool) {
-  const int64_t rows = indices.NumRows();
-  const int64_t n = indices.shape[indices.rank - 1];
-  if (rows == 0 || n == 0) return absl::OkStatus();
-  std::atomic<int64_t> first_bad_row{rows};
-  const bool is64 = indices.dtype == DType::kInt64;
-  const bool by_sorting = unique && PreferSortingToBitmap(n, limit);
-  const int64_t bitmap_words = unique && !by_sorting ? (limit + 63) / 64 : 0;
-  auto load_row = [&](int64_t row, std::vector<int64_t>* values) {
-    values->resize(static_cast<size_t>(n));
-    for (int64_t pos = 0; pos < n; ++pos) {
-      (*values)[static_cast<size_t>(pos)] = LoadIndex(indices, IndexOffset(indices, row, pos));
-    }
-  };
-  ParallelFor(pool, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
-    std::vector<uint64_t> bitmap(static_cast<size_t>(bitmap_words), 0);
-    uint64_t* bits = bitmap_words > 0 ? bitmap.data() : nullptr;
-    std::vector<int64_t> values;
-    for (int64_t row = begin; row < end; ++row) {
-      if (row >= first_bad_row.load(std::memory_order_relaxed)) return;
-      int64_t pos = -1;
-      if (by_sorting) {
-        load_row(row, &values);
-        pos = SortAndCheckUniqueInRange(&values, limit) ? -1 : 0;
-      } else {
-        pos = is64 ? internal::FirstBadIndexInRow<int64_t>(indices, row, limit, bits)
-                   : internal::FirstBadIndexInRow<int32_t>(indices, row, limit, bits);
-      }
-      if (pos < 0) continue;
-      StoreMin(first_bad_row, row);
-      return;
-    }
-  });
-  const int64_t bad_row = first_bad_row.load();
-  if (bad_row == rows) return absl::OkStatus();
-  // Re-scan the one bad row serially for its position and message.
-  if (by_sorting) {
-    std::vector<int64_t> values;
-    load_row(bad_row, &values);
-    return internal::IndexError(indices, bad_row, FirstBadPosition(values, limit).position, limit);
-  }
-  std::vector<uint64_t> bitmap(static_cast<size_t>(bitmap_words), 0);
-  uint64_t* bits = bitmap_words > 0 ? bitmap.data() : nullptr;
-  const int64_t pos = is64 ? internal::FirstBadIndexInRow<int64_t>(indices, bad_row, limit, bits)
-                           : internal::FirstBadIndexInRow<int32_t>(indices, bad_row, limit, bits);
-  return internal::IndexError(indices, bad_row, pos, limit);
 }
 
 }  // namespace tokensel::kernels::cpu

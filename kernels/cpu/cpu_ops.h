@@ -6,10 +6,33 @@
 // in parallel on `pool` (null = the calling thread only); the result is the
 // same for any thread count. Thread-safe: concurrent calls on one pool are
 // fine as long as their outputs do not overlap.
+//
+// Client memory: the inputs may be shared memory that a hostile client keeps
+// rewriting during the call. Every value that decides an address or a size
+// is read exactly once into private memory (a snapshot of the index tensor,
+// snapshot.h) or checked at the point of use, so such a client can make a
+// call return INVALID_ARGUMENT or produce garbage in its own outputs, but
+// never make it touch memory outside the views it passed.
+//
+// Stop: each op checks the calling thread's StopToken (stop.h) before every
+// parallel chunk and after every phase; once it fires the op returns the
+// token's status (CANCELLED / DEADLINE_EXCEEDED) as soon as the running chunks
+// end, never OK. A stopped op may have written part of its outputs; an op
+// that fails with any other error has written nothing.
+//
+// Scratch: ScratchBytes(args, threads) is an upper bound of the heap bytes
+// the call allocates (snapshots, bitmaps, keys, staging, per-chunk vectors,
+// an error status) when run on a pool of `threads` threads (1 = inline),
+// computed from metadata only (never reads tensor data), saturating at
+// UINT64_MAX. It is safe on args that fail validation (then it bounds what
+// the failing call allocates: its status).
 #ifndef TOKENSEL_KERNELS_CPU_CPU_OPS_H_
 #define TOKENSEL_KERNELS_CPU_CPU_OPS_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
+#include "kernels/cpu/stop.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ops.h"
 
@@ -23,6 +46,15 @@ absl::Status SliceGptMask(const SliceGptMaskArgs& args, ThreadPool* pool);
 absl::Status SegmentSeqlens(const SegmentSeqlensArgs& args, ThreadPool* pool);
 absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool);
 absl::Status TopKTokens(const TopKTokensArgs& args, ThreadPool* pool);
+
+uint64_t ScratchBytes(const SortTokensArgs& args, int threads);
+uint64_t ScratchBytes(const GatherTokensArgs& args, int threads);
+uint64_t ScratchBytes(const ScatterTokensArgs& args, int threads);
+uint64_t ScratchBytes(const GatherBertMaskArgs& args, int threads);
+uint64_t ScratchBytes(const SliceGptMaskArgs& args, int threads);
+uint64_t ScratchBytes(const SegmentSeqlensArgs& args, int threads);
+uint64_t ScratchBytes(const SampleTokensArgs& args, int threads);
+uint64_t ScratchBytes(const TopKTokensArgs& args, int threads);
 
 }  // namespace tokensel::kernels::cpu
 

@@ -1,11 +1,18 @@
 // GatherBertMask and SliceGptMask on the CPU. Output rows (the last dim) run
 // in parallel; element copies dispatch on the element size only.
+//
+// GatherBertMask reads its indices once, into a snapshot that is validated
+// and then used for every key column and query row (index_check.h).
+// SliceGptMask reads no data that decides an address: every offset comes
+// from the validated shapes and strides.
 #include <cstring>
 #include <vector>
 
 #include "common/status_macros.h"
 #include "kernels/cpu/copy_rows.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/index_check.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/gather_math.h"
 
 namespace tokensel::kernels::cpu {
@@ -26,10 +33,10 @@ void GatherElements(char* dst, int64_t dst_stride, const char* src, const int64_
   }
 }
 
+// `idx` is the private row-major snapshot of args.indices ([L,B,R]).
 template <int kElemSize>
-void GatherBertMaskRows(const GatherBertMaskArgs& args, ThreadPool* pool) {
+void GatherBertMaskRows(const GatherBertMaskArgs& args, const TensorView& idx, ThreadPool* pool) {
   const TensorView& mask = args.mask;
-  const TensorView& idx = args.indices;
   const TensorView& out = args.out;
   const int64_t retained = out.shape[4];
   const int64_t rows = out.shape[0] * out.shape[1] * out.shape[2] * out.shape[3];
@@ -45,11 +52,11 @@ void GatherBertMaskRows(const GatherBertMaskArgs& args, ThreadPool* pool) {
       const int64_t index_row = BertMaskIndexRow(idx, m);
       if (index_row != cached_index_row) {
         for (int64_t j = 0; j < retained; ++j) {
-          key_offsets[j] = LoadIndex(idx, IndexOffset(idx, index_row, j)) * key_stride;
+          key_offsets[j] = LoadIndex(idx, index_row * retained + j) * key_stride;
         }
         cached_index_row = index_row;
       }
-      const int64_t query = LoadIndex(idx, IndexOffset(idx, index_row, m.i));
+      const int64_t query = LoadIndex(idx, index_row * retained + m.i);
       GatherElements<kElemSize>(out.At(BertMaskOutOffset(out, m)), out_stride,
                                 mask.At(BertMaskSourceRowOffset(mask, m.b, m.h, query)),
                                 key_offsets.data(), retained);
@@ -61,23 +68,38 @@ void GatherBertMaskRows(const GatherBertMaskArgs& args, ThreadPool* pool) {
 
 absl::Status GatherBertMask(const GatherBertMaskArgs& args, ThreadPool* pool) {
   RETURN_IF_ERROR(ValidateGatherBertMask(args));
-  RETURN_IF_ERROR(CheckIndexRows(args.indices, args.mask.shape[3], /*unique=*/false, pool));
+  IndexSnapshot snapshot;
+  RETURN_IF_ERROR(
+      SnapshotIndexRows(args.indices, args.mask.shape[3], /*unique=*/false, pool, &snapshot));
   if (args.out.NumElements() == 0) return absl::OkStatus();
+  const TensorView& idx = snapshot.view();
   switch (args.mask.elem_size()) {
     case 1:
-      GatherBertMaskRows<1>(args, pool);
+      GatherBertMaskRows<1>(args, idx, pool);
       break;
     case 2:
-      GatherBertMaskRows<2>(args, pool);
+      GatherBertMaskRows<2>(args, idx, pool);
       break;
     case 4:
-      GatherBertMaskRows<4>(args, pool);
+      GatherBertMaskRows<4>(args, idx, pool);
       break;
     default:
-      GatherBertMaskRows<8>(args, pool);
+      GatherBertMaskRows<8>(args, idx, pool);
       break;
   }
-  return absl::OkStatus();
+  return CheckStop();
+}
+
+uint64_t ScratchBytes(const GatherBertMaskArgs& args, int threads) {
+  if (!ValidateGatherBertMask(args).ok()) return kStatusScratchBytes;
+  const TensorView& out = args.out;
+  uint64_t bytes = SnapshotIndexRowsScratchBytes(args.indices, args.mask.shape[3],
+                                                 /*unique=*/false, threads);
+  if (out.NumElements() > 0) {  // the key offsets of one index row per live chunk
+    const int64_t rows = out.shape[0] * out.shape[1] * out.shape[2] * out.shape[3];
+    bytes = SatAdd(bytes, SatMul(LiveChunks(threads, rows), SatMul3(out.shape[4], 8, 1)));
+  }
+  return SatAdd(bytes, kStatusScratchBytes);
 }
 
 absl::Status SliceGptMask(const SliceGptMaskArgs& args, ThreadPool* pool) {
@@ -97,7 +119,11 @@ absl::Status SliceGptMask(const SliceGptMaskArgs& args, ThreadPool* pool) {
       copy.Finish();
     });
   });
-  return absl::OkStatus();
+  return CheckStop();
+}
+
+uint64_t ScratchBytes(const SliceGptMaskArgs& /*args*/, int /*threads*/) {
+  return kStatusScratchBytes;  // allocates nothing but a failing call's status
 }
 
 }  // namespace tokensel::kernels::cpu

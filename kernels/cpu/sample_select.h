@@ -7,7 +7,9 @@
 // Algorithm, O(S): histogram the top BucketBits(S) bits of every key, scan
 // to the bucket holding the R-th smallest key, nth_element inside that bucket
 // (about 8-16 keys) gives the threshold T, then one branch-free pass keeps
-// every key < T plus the first ties == T.
+// every key < T plus the first ties == T. A bucket of more than
+// MaxBucketKeys(S) keys (crafted keys only) is narrowed first, so the scratch
+// is bounded (SelectScratchBytes) whatever the keys.
 #ifndef TOKENSEL_KERNELS_CPU_SAMPLE_SELECT_H_
 #define TOKENSEL_KERNELS_CPU_SAMPLE_SELECT_H_
 
@@ -16,6 +18,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "kernels/cpu/stop.h"
 
 namespace tokensel::kernels::cpu {
 
@@ -31,10 +35,39 @@ inline int BucketBits(int64_t S) {
 inline constexpr int64_t kChunkedSelectMinS = int64_t{1} << 20;
 inline constexpr int64_t kSelectChunk = int64_t{1} << 16;
 
+// Most keys the threshold bucket may hold: 4x the mean bucket size (8 to 16
+// keys; S/2^16 <= 2^15 for long rows), at least 256. Random keys put 1 +
+// Poisson(mean) keys in it, so more practically never happens; crafted keys
+// could put all S, so a larger bucket is narrowed by histogramming its next
+// BucketBits(S) bits first (one more pass over the keys per level, with the
+// same histogram): the scratch stays bounded whatever the keys are.
+inline int64_t MaxBucketKeys(int64_t S) {
+  const int64_t mean = ((S - 1) >> BucketBits(S)) + 1;
+  return std::max<int64_t>(256, 4 * mean);
+}
+
 struct SelectScratch {
   std::vector<uint32_t> hist;    // [1 << BucketBits(S)]
-  std::vector<uint64_t> bucket;  // keys of the bucket holding the R-th key
+  std::vector<uint64_t> bucket;  // keys of the bucket holding the R-th key (+ 1 slack)
 };
+
+// Sets `v` to n zeros. When it must grow, the old block is freed first, so
+// the peak is n elements, not old + n.
+template <typename T>
+void ZeroFill(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n) std::vector<T>().swap(v);
+  v.assign(n, T{0});
+}
+
+// Heap bytes SelectRow / SelectRowChunked may hold in a SelectScratch for
+// rows of S positions (the histogram and the bucket, at their largest), with
+// the bucket limit `max_bucket` (0: MaxBucketKeys(S)).
+inline uint64_t SelectScratchBytes(int64_t S, int64_t max_bucket = 0) {
+  if (max_bucket <= 0) max_bucket = MaxBucketKeys(S);
+  const uint64_t hist = (uint64_t{1} << BucketBits(S)) * sizeof(uint32_t);
+  const uint64_t bucket = static_cast<uint64_t>(std::min(S, max_bucket) + 1) * sizeof(uint64_t);
+  return hist + bucket;
+}
 
 struct Threshold {
   uint64_t key = 0;        // T, the R-th smallest key
@@ -68,26 +101,73 @@ inline uint64_t TargetBucket(const std::vector<uint32_t>& hist, int64_t R, int64
   return target;
 }
 
-// T for 1 <= R <= S.
-inline Threshold FindThreshold(const uint64_t* keys, int64_t S, int64_t R, SelectScratch& scratch) {
-  const int bits = BucketBits(S);
-  const int shift = 64 - bits;
-  scratch.hist.assign(size_t{1} << bits, 0u);
+// T for 1 <= R < S, from a row's keys visited by for_each_chunk(visit):
+// visit(const uint64_t* keys, int64_t count) for consecutive chunks of the
+// row; for_each_chunk returns false when it stopped early (stop.h), and then
+// so does this (t is meaningless). Passes: the top-bits histogram, a
+// narrowing histogram per level while the target bucket holds more than
+// `max_bucket` keys (0: MaxBucketKeys(S); never with random keys), the
+// bucket's collection.
+template <typename ForEachChunk>
+bool FindThreshold(ForEachChunk&& for_each_chunk, int64_t S, int64_t R, SelectScratch& scratch,
+                   Threshold* t, int64_t max_bucket = 0) {
+  if (max_bucket <= 0) max_bucket = MaxBucketKeys(S);
+  const int digit_bits = BucketBits(S);
+  int bits = digit_bits;  // of the prefix that names the target bucket
+  ZeroFill(scratch.hist, size_t{1} << bits);
   uint32_t* hist = scratch.hist.data();
-  for (int64_t s = 0; s < S; ++s) ++hist[keys[s] >> shift];
-  int64_t below = 0;  // keys in the buckets before `target`
-  const uint64_t target = TargetBucket(scratch.hist, R, &below);
+  const int top_shift = 64 - bits;
+  if (!for_each_chunk([&](const uint64_t* keys, int64_t count) {
+        for (int64_t i = 0; i < count; ++i) ++hist[keys[i] >> top_shift];
+      })) {
+    return false;
+  }
+  int64_t below = 0;  // keys in the buckets before the target
+  uint64_t prefix = TargetBucket(scratch.hist, R, &below);
+  int64_t size = hist[prefix];
+  while (size > max_bucket && bits < 64) {
+    const int digit = std::min(digit_bits, 64 - bits);
+    const int shift = 64 - bits;  // keys >> shift is their prefix
+    ZeroFill(scratch.hist, size_t{1} << digit);
+    hist = scratch.hist.data();
+    const uint64_t mask = (uint64_t{1} << digit) - 1;
+    if (!for_each_chunk([&](const uint64_t* keys, int64_t count) {
+          for (int64_t i = 0; i < count; ++i) {
+            if ((keys[i] >> shift) == prefix) ++hist[(keys[i] >> (shift - digit)) & mask];
+          }
+        })) {
+      return false;
+    }
+    int64_t below_in = 0;
+    const uint64_t target = TargetBucket(scratch.hist, R - below, &below_in);
+    below += below_in;
+    prefix = (prefix << digit) | target;
+    bits += digit;
+    size = hist[target];
+  }
+  if (bits == 64) {  // every key of the bucket is `prefix`
+    *t = Threshold{prefix, R - below, size};
+    return true;
+  }
   // Branch-free compaction of the target bucket (one slack slot).
-  const int64_t size = hist[target];
   std::vector<uint64_t>& bucket = scratch.bucket;
-  if (static_cast<int64_t>(bucket.size()) < size + 1) bucket.resize(size + 1);
+  if (static_cast<int64_t>(bucket.size()) < size + 1) {
+    std::vector<uint64_t>().swap(bucket);
+    bucket.resize(static_cast<size_t>(size + 1));
+  }
   uint64_t* out = bucket.data();
   int64_t m = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    out[m] = keys[s];
-    m += (keys[s] >> shift) == target;
+  const int shift = 64 - bits;
+  if (!for_each_chunk([&](const uint64_t* keys, int64_t count) {
+        for (int64_t i = 0; i < count; ++i) {
+          out[m] = keys[i];
+          m += (keys[i] >> shift) == prefix;
+        }
+      })) {
+    return false;
   }
-  return ThresholdInBucket(bucket, size, below, R);
+  *t = ThresholdInBucket(bucket, size, below, R);
+  return true;
 }
 
 // Where the emission of one row stands: positions kept so far, and keys
@@ -144,7 +224,7 @@ inline void EmitKeptRange(const uint64_t* keys, int64_t first, int64_t count, co
 
 // The whole row: R == 0 keeps nothing, R == S everything (keys unused).
 inline void SelectRow(const uint64_t* keys, int64_t S, int64_t R, SelectScratch& scratch,
-                      int32_t* picked, char* inv, int64_t inv_stride) {
+                      int32_t* picked, char* inv, int64_t inv_stride, int64_t max_bucket = 0) {
   if (R == 0 || R == S) {
     for (int64_t s = 0; s < R; ++s) picked[s] = static_cast<int32_t>(s);
     if (inv != nullptr) {
@@ -155,7 +235,13 @@ inline void SelectRow(const uint64_t* keys, int64_t S, int64_t R, SelectScratch&
     }
     return;
   }
-  const Threshold t = FindThreshold(keys, S, R, scratch);
+  Threshold t;
+  FindThreshold(
+      [&](auto&& visit) {
+        visit(keys, S);
+        return true;
+      },
+      S, R, scratch, &t, max_bucket);
   EmitCursor cursor{0, t.take_equal};
   EmitKeptRange(keys, 0, S, t, cursor, picked, inv, inv_stride);
 }
@@ -163,41 +249,43 @@ inline void SelectRow(const uint64_t* keys, int64_t S, int64_t R, SelectScratch&
 // SelectRow for long rows, with the keys produced chunk by chunk instead of
 // held whole (S * 12 bytes of scratch per thread would let one request with
 // S = 2^31 - 1 ask for 24 GiB): three passes over the keys (histogram,
-// target bucket, emission), each recomputing them. Same threshold and the
-// same keep rule, so the same result as SelectRow; memory O(chunk + bucket)
-// plus `picked` (R + 1 slots, as for SelectRow).
+// target bucket, emission; more only for crafted keys, see MaxBucketKeys),
+// each recomputing them. Same threshold and the same keep rule, so the same
+// result as SelectRow; memory O(chunk + bucket) plus `picked` (R + 1 slots,
+// as for SelectRow). Checks the stop token (stop.h) before every chunk:
+// returns false when stopped (then picked and inv are partial).
 // keys_of(begin, count, out) writes the keys of positions [begin, begin +
 // count) to out; begin is a multiple of `chunk` (> 0).
 template <typename KeysOf>
-void SelectRowChunked(KeysOf&& keys_of, int64_t S, int64_t R, int64_t chunk, SelectScratch& scratch,
-                      std::vector<uint64_t>& keys, int32_t* picked, char* inv, int64_t inv_stride) {
-  if (R == 0 || R == S) return SelectRow(nullptr, S, R, scratch, picked, inv, inv_stride);
-  const int bits = BucketBits(S);
-  const int shift = 64 - bits;
+bool SelectRowChunked(KeysOf&& keys_of, int64_t S, int64_t R, int64_t chunk, SelectScratch& scratch,
+                      std::vector<uint64_t>& keys, int32_t* picked, char* inv, int64_t inv_stride,
+                      int64_t max_bucket = 0) {
+  if (R == 0 || R == S) {
+    SelectRow(nullptr, S, R, scratch, picked, inv, inv_stride);
+    return true;
+  }
   keys.resize(static_cast<size_t>(chunk));
+  // visit(begin, count, keys) for every chunk, in order; false once stopped.
   auto for_each_chunk = [&](auto&& visit) {
     for (int64_t begin = 0; begin < S; begin += chunk) {
+      if (!CheckStop().ok()) return false;
       const int64_t count = std::min(chunk, S - begin);
       keys_of(begin, count, keys.data());
       visit(begin, count, keys.data());
     }
+    return true;
   };
-  scratch.hist.assign(size_t{1} << bits, 0u);
-  for_each_chunk([&](int64_t, int64_t count, const uint64_t* k) {
-    for (int64_t i = 0; i < count; ++i) ++scratch.hist[k[i] >> shift];
-  });
-  int64_t below = 0;
-  const uint64_t target = TargetBucket(scratch.hist, R, &below);
-  std::vector<uint64_t>& bucket = scratch.bucket;
-  bucket.clear();
-  for_each_chunk([&](int64_t, int64_t count, const uint64_t* k) {
-    for (int64_t i = 0; i < count; ++i) {
-      if ((k[i] >> shift) == target) bucket.push_back(k[i]);
-    }
-  });
-  const Threshold t = ThresholdInBucket(bucket, static_cast<int64_t>(bucket.size()), below, R);
+  Threshold t;
+  if (!FindThreshold(
+          [&](auto&& visit) {
+            return for_each_chunk(
+                [&](int64_t, int64_t count, const uint64_t* k) { visit(k, count); });
+          },
+          S, R, scratch, &t, max_bucket)) {
+    return false;
+  }
   EmitCursor cursor{0, t.take_equal};
-  for_each_chunk([&](int64_t begin, int64_t count, const uint64_t* k) {
+  return for_each_chunk([&](int64_t begin, int64_t count, const uint64_t* k) {
     EmitKeptRange(k, begin, count, t, cursor, picked, inv, inv_stride);
   });
 }

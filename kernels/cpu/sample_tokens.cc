@@ -9,15 +9,21 @@
 // parallel; each row is computed by one thread from (seed, step, l, b) alone,
 // so the result does not depend on the thread count. The optional masks are
 // produced afterwards by GatherBertMask / SliceGptMask on the sampled ids.
+//
+// Client memory: the op reads no client data but the optional mask (only
+// copied, never an address); the ids it writes are read back by
+// GatherBertMask, which snapshots and validates them like any indices.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/sample_select.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/philox.h"
 #include "kernels/sample_math.h"
 
@@ -124,7 +130,9 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
   const Philox4x32Key key = SampleKey(args.seed);
   const auto step = static_cast<uint32_t>(args.step);
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<uint64_t> keys(random && !chunked ? static_cast<size_t>(S) : 0);
+    // Keys of a whole row (uninitialized: every slot is computed before use).
+    std::unique_ptr<uint64_t[]> row_keys(random && !chunked ? new uint64_t[S] : nullptr);
+    std::vector<uint64_t> chunk_keys;  // chunked rows: kSelectChunk keys
     std::vector<int32_t> picked(static_cast<size_t>(R) + 1);
     SelectScratch scratch;
     for (int64_t row = begin; row < end; ++row) {
@@ -134,15 +142,23 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
         auto keys_of = [&](int64_t first, int64_t count, uint64_t* out) {
           ComputeRowKeys(key, l, b, step, first, count, out);
         };
-        SelectRowChunked(keys_of, S, R, kSelectChunk, scratch, keys, picked.data(), inv,
-                         inv_stride);
+        // A row can take seconds: it checks the stop token every chunk.
+        if (!SelectRowChunked(keys_of, S, R, kSelectChunk, scratch, chunk_keys, picked.data(), inv,
+                              inv_stride)) {
+          return;
+        }
       } else {
-        if (random) ComputeRowKeys(key, l, b, step, 0, S, keys.data());
-        SelectRow(keys.data(), S, R, scratch, picked.data(), inv, inv_stride);
+        if (random) ComputeRowKeys(key, l, b, step, 0, S, row_keys.get());
+        SelectRow(row_keys.get(), S, R, scratch, picked.data(), inv, inv_stride);
       }
       WriteIds(args.ids, row, picked.data(), R);
     }
   });
+  RETURN_IF_ERROR(CheckStop());
+  // The mask ops read the ids back from the client's tensor, which the client
+  // may have rewritten meanwhile: GatherBertMask snapshots and checks them
+  // like any client indices (an INVALID_ARGUMENT then); SliceGptMask reads no
+  // ids.
   if (args.bert_mask) {
     RETURN_IF_ERROR(
         GatherBertMask(GatherBertMaskArgs{*args.mask, args.ids, *args.bert_mask}, pool));
@@ -151,6 +167,24 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
     RETURN_IF_ERROR(SliceGptMask(SliceGptMaskArgs{*args.mask, *args.gpt_mask}, pool));
   }
   return absl::OkStatus();
+}
+
+uint64_t ScratchBytes(const SampleTokensArgs& args, int threads) {
+  if (!ValidateSampleTokens(args).ok()) return kStatusScratchBytes;
+  const int64_t S = args.original_tokens, R = args.retained_tokens;
+  const int64_t rows = args.layers * args.batch;
+  uint64_t per_chunk = SatMul3(R + 1, sizeof(int32_t), 1);  // picked
+  if (R != 0 && R != S) {
+    const int64_t keys = S > kChunkedSelectMinS ? kSelectChunk : S;
+    per_chunk = SatAdd(per_chunk, SatMul3(keys, sizeof(uint64_t), 1));
+    per_chunk = SatAdd(per_chunk, SelectScratchBytes(S));
+  }
+  uint64_t bytes = SatMul(LiveChunks(threads, rows), per_chunk);
+  if (args.bert_mask) {  // runs after the rows' scratch is freed
+    bytes = std::max(
+        bytes, ScratchBytes(GatherBertMaskArgs{*args.mask, args.ids, *args.bert_mask}, threads));
+  }
+  return SatAdd(bytes, kStatusScratchBytes);
 }
 
 }  // namespace tokensel::kernels::cpu

@@ -13,6 +13,26 @@
 // Phase 2 (rows in parallel): copy the staged rows to the outputs and, for the
 // packed layout, scatter each row's compacted entries at bases from a serial
 // exclusive scan over B; every row also fills its share of the tails.
+//
+// Racing clients. The ids and positions are the whole input, so instead of
+// snapshotting them (twice the memory traffic of the op) every read is made
+// safe where it is used, whatever the client writes meanwhile:
+//  - An id that picks an output slot or an aggregate (seqlen[v-1], agg[v]) is
+//    read once, at the run's first token, checked in [0, NS] there and kept in
+//    a register; RunEnd() compares later tokens with that value and never
+//    reads the first token again. Every run ends inside the row (t < end <= T),
+//    so lengths, starts and sums stay in [0, T] and every staged offset count
+//    is capped at NS+1: phase 2 writes only slots the staging bounds.
+//  - Positions are only data: they decide which tokens are kept (counts <= the
+//    run length), never an address. Each position is loaded once per use, the
+//    min/max of a run come from the same loads, and the negative-position
+//    search for the message stays inside the run: if the client has made the
+//    position non-negative again, the run's first token is named with the
+//    minimum that was seen. The keep keys are computed in wrapping unsigned
+//    arithmetic, so a position rewritten to INT_MIN is not an overflow.
+//  - Staging, totals and aggregates are private; phase 2 reads only them.
+// Long rows (a zero-strided id view can be 2^31 tokens of a tiny request)
+// check the stop token about every kStopSpan tokens.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +41,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/segment_math.h"
 #include "kernels/validate.h"
 #include "kernels/validate_segments.h"
@@ -92,19 +113,40 @@ int64_t SkipEqualBlocks(const R& ids, int64_t t, int64_t n, typename R::Type v) 
   return t;
 }
 
-// End of the run starting at t (the first index whose id differs from id[t]).
-template <typename R>
-int64_t RunEnd(const R& ids, int64_t t, int64_t n) {
-  using T = typename R::Type;
-  const T v = ids[t];
-  ++t;
-  if constexpr (R::kContiguous) {
-    // 256-byte blocks, then 32-byte blocks, then single ids.
-    t = SkipEqualBlocks<256 / sizeof(T)>(ids, t, n, v);
-    t = SkipEqualBlocks<32 / sizeof(T)>(ids, t, n, v);
+// Tokens a row walk goes between two stop checks.
+constexpr int64_t kStopSpan = int64_t{1} << 16;
+
+// Polls the stop token about every kStopSpan tokens of a row walk.
+class StopPoll {
+ public:
+  // True once the op must stop (the caller abandons the row; the phase's
+  // CheckStop() reports it).
+  bool Stopped(int64_t t) {
+    if (t < next_) return false;
+    next_ = t + kStopSpan;
+    return !CheckStop().ok();
   }
-  while (t < n && ids[t] == v) ++t;
-  return t;
+
+ private:
+  int64_t next_ = kStopSpan;
+};
+
+// End of the run of id `v` starting at t (ids[t] was read as v): the first
+// index after t whose id differs from v, in (t, n]. On a stop, n.
+template <typename R>
+int64_t RunEnd(const R& ids, int64_t t, int64_t n, typename R::Type v, StopPoll& poll) {
+  ++t;
+  for (;;) {
+    const int64_t span_end = std::min(n, t + kStopSpan);
+    if constexpr (R::kContiguous) {
+      // 256-byte blocks, then 32-byte blocks, then single ids.
+      t = SkipEqualBlocks<256 / sizeof(typename R::Type)>(ids, t, span_end, v);
+      t = SkipEqualBlocks<32 / sizeof(typename R::Type)>(ids, t, span_end, v);
+    }
+    while (t < span_end && ids[t] == v) ++t;
+    if (t < span_end || t == n) return t;
+    if (poll.Stopped(t)) return n;
+  }
 }
 
 // Staged outputs of one (row, side): seqlen [NS] then offset [NS+1].
@@ -121,12 +163,15 @@ void PushOffset(Stage* st, int64_t ns, int64_t t) {
 // Self-attention row: validate and stage in one pass over the ids.
 template <typename IdR>
 SegmentError SelfRow(const IdR& ids, int64_t n, int64_t ns, Stage* st) {
+  StopPoll poll;
   int64_t last = 0;
   for (int64_t t = 0; t < n;) {
-    const int64_t v = ids[t];
+    const typename IdR::Type id = ids[t];  // the one read of this run's id
+    const int64_t v = id;
     const SegmentErrorKind kind = SegmentCheckRunStart(v, last, ns);
     if (kind != SegmentErrorKind::kNone) return {kind, false, false, t, v, last};
-    const int64_t end = RunEnd(ids, t, n);
+    if (poll.Stopped(t)) return {};
+    const int64_t end = RunEnd(ids, t, n, id, poll);
     if (v != 0) {
       st->seqlen[v - 1] = static_cast<int32_t>(end - t);
       PushOffset(st, ns, t);
@@ -142,12 +187,15 @@ SegmentError SelfRow(const IdR& ids, int64_t n, int64_t ns, Stage* st) {
 template <typename IdR, typename PosR>
 SegmentError AggregateSide(const IdR& ids, const PosR& pos, bool read_pos, int64_t n, int64_t ns,
                            bool kv_side, SegmentAgg* agg) {
+  StopPoll poll;
   int64_t last = 0;
   for (int64_t t = 0; t < n;) {
-    const int64_t v = ids[t];
+    const typename IdR::Type id = ids[t];  // the one read of this run's id
+    const int64_t v = id;
     const SegmentErrorKind kind = SegmentCheckRunStart(v, last, ns);
     if (kind != SegmentErrorKind::kNone) return {kind, kv_side, false, t, v, last};
-    const int64_t end = RunEnd(ids, t, n);
+    if (poll.Stopped(t)) return {};
+    const int64_t end = RunEnd(ids, t, n, id, poll);
     if (v != 0) {
       SegmentAgg& a = agg[v];
       a.cnt = end - t;
@@ -156,15 +204,22 @@ SegmentError AggregateSide(const IdR& ids, const PosR& pos, bool read_pos, int64
         using P = typename PosR::Type;
         P lo = pos[t];
         P hi = lo;
-        for (int64_t i = t + 1; i < end; ++i) {
-          const P p = pos[i];
-          lo = p < lo ? p : lo;
-          hi = p > hi ? p : hi;
+        for (int64_t span = t + 1; span < end; span += kStopSpan) {
+          const int64_t span_end = std::min(end, span + kStopSpan);
+          for (int64_t i = span; i < span_end; ++i) {
+            const P p = pos[i];
+            lo = p < lo ? p : lo;
+            hi = p > hi ? p : hi;
+          }
+          if (span_end < end && poll.Stopped(span_end)) return {};
         }
         if (lo < 0) {
-          int64_t i = t;
-          while (pos[i] >= 0) ++i;
-          return {SegmentErrorKind::kNegativePosition, kv_side, true, i, pos[i], last};
+          // The first negative position, searched inside the run only.
+          for (int64_t i = t; i < end; ++i) {
+            const P p = pos[i];
+            if (p < 0) return {SegmentErrorKind::kNegativePosition, kv_side, true, i, p, last};
+          }
+          return {SegmentErrorKind::kNegativePosition, kv_side, true, t, lo, last};
         }
         a.minpos = lo;
         a.maxpos = hi;
@@ -194,12 +249,16 @@ void KeepSide(const PosR& pos, int64_t ns, AttnMaskType mask, const SegmentAgg* 
     const SegmentKeepRule rule =
         kQSide ? SegmentQRule(mask, mine, other[v]) : SegmentKvRule(mask, other[v], mine);
     // Keys in the position type: for int32 positions a - pos and c fit int32
-    // (a, |c| <= T - 1 + 2^31 - 1 bounds hold since cnt <= T <= 2^31 - 1).
+    // (a, |c| <= T - 1 + 2^31 - 1 bounds hold since cnt <= T <= 2^31 - 1)
+    // for the validated positions (>= 0). The subtraction wraps in unsigned
+    // arithmetic: a position a client rewrote since (say to INT_MIN) gives a
+    // meaningless key, not an overflow.
     using P = typename PosR::Type;
+    using U = std::make_unsigned_t<P>;
     const P a = static_cast<P>(rule.a);
     const P c = static_cast<P>(rule.c);
     auto keep = [&](int64_t t) {
-      const P key = static_cast<P>(a - pos[t]);
+      const P key = static_cast<P>(static_cast<U>(a) - static_cast<U>(pos[t]));
       return kQSide ? key <= c : key >= c;
     };
     // Pass A (branch-free, vectorizable): kept count and kept-run starts.
@@ -207,15 +266,20 @@ void KeepSide(const PosR& pos, int64_t ns, AttnMaskType mask, const SegmentAgg* 
     const int64_t end = mine.start + mine.cnt;
     int64_t kept = keep(begin) ? 1 : 0;
     int64_t starts = kept;
-    for (int64_t t = begin + 1; t < end; ++t) {
-      const int cur = keep(t) ? 1 : 0;
-      kept += cur;
-      starts += cur & (keep(t - 1) ? 0 : 1);
+    for (int64_t span = begin + 1; span < end; span += kStopSpan) {
+      const int64_t span_end = std::min(end, span + kStopSpan);
+      for (int64_t t = span; t < span_end; ++t) {
+        const int cur = keep(t) ? 1 : 0;
+        kept += cur;
+        starts += cur & (keep(t - 1) ? 0 : 1);
+      }
+      if (span_end < end && !CheckStop().ok()) return;
     }
     // Pass B: record the starts, stopping after the last one (or when the
     // NS+1 offset slots are full).
     bool prev_kept = false;
     for (int64_t t = begin; t < end && starts > 0 && st->num_offsets < ns + 1; ++t) {
+      if (((t - begin) & (kStopSpan - 1)) == kStopSpan - 1 && !CheckStop().ok()) return;
       const bool k = keep(t);
       if (k && !prev_kept) {
         PushOffset(st, ns, t);
@@ -375,6 +439,8 @@ absl::Status SegmentSeqlens(const SegmentSeqlensArgs& args, ThreadPool* pool) {
     }
   });
 
+  // Skipped chunks left rows unstaged (and unchecked): stop before using any.
+  RETURN_IF_ERROR(CheckStop());
   for (int64_t b = 0; b < batch; ++b) {
     const SegmentError& err = errors[b];
     if (err.kind == SegmentErrorKind::kNone) continue;
@@ -392,8 +458,28 @@ absl::Status SegmentSeqlens(const SegmentSeqlensArgs& args, ThreadPool* pool) {
     const int32_t* side_stage = stage.empty() ? nullptr : stage.data() + s * stage_stride;
     WriteSide(out, side_stage, sides * stage_stride, side_totals, batch, ns, s == 0 ? tq : tkv,
               pool);
+    RETURN_IF_ERROR(CheckStop());
   }
   return absl::OkStatus();
+}
+
+uint64_t ScratchBytes(const SegmentSeqlensArgs& args, int threads) {
+  if (!ValidateSegmentSeqlens(args).ok()) return kStatusScratchBytes;
+  const int64_t batch = args.segment_ids_q.shape[0];
+  const int64_t ns = args.max_segments;
+  const bool cross = args.segment_ids_kv.has_value();
+  const int64_t sides = cross ? 2 : 1;
+  // stage + totals + errors, alive for the whole call.
+  const uint64_t fixed = SatAdd(SatAdd(SatMul3(batch * sides, 2 * ns + 1, sizeof(int32_t)),
+                                       SatMul3(batch, sides, sizeof(RowTotals))),
+                                SatMul3(batch, sizeof(SegmentError), 1));
+  // Phase 1: the aggregates of both sides per live chunk (cross-attention).
+  const uint64_t phase1 =
+      cross ? SatMul(LiveChunks(threads, batch), SatMul3(2 * (ns + 1), sizeof(SegmentAgg), 1)) : 0;
+  // Phase 2, per side: the side's totals and the three bases of the scan.
+  const uint64_t phase2 =
+      SatAdd(SatMul3(batch, sizeof(RowTotals), 1), SatMul3(3, batch + 1, sizeof(int64_t)));
+  return SatAdd(SatAdd(fixed, std::max(phase1, phase2)), kStatusScratchBytes);
 }
 
 }  // namespace tokensel::kernels::cpu

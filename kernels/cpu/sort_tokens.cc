@@ -11,6 +11,12 @@
 // bitmaps of all rows fit in kKeptBitmapBytes they are kept between the
 // passes; otherwise each pass marks a per-chunk bitmap and clears it again.
 //
+// Read once: pass 1 copies each row of the client's ids into a private
+// snapshot (snapshot.h) and validates the copy; the error message, the
+// second marking and the sparse path's sort read only the snapshot. An id
+// that decides a bitmap word or an inverse slot is therefore always the id
+// that was checked, and in-place sorting cannot disturb it either.
+//
 // Sparse rows (S/64 bitmap words far more than R ids, e.g. R = 1 and
 // S = 2^31) would make a tiny request scan and allocate S bits per row, so
 // they are sorted by comparison instead: O(R log R) per row and O(R) memory
@@ -26,6 +32,8 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/row_check.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/cpu/snapshot.h"
 #include "kernels/cpu/unaligned.h"
 #include "kernels/ops.h"
 #include "kernels/sort_math.h"
@@ -43,6 +51,9 @@ struct RowPtr {
   char* base;
   int64_t stride;  // bytes
 };
+
+// Kept bitmaps: one per row, shared by both passes, when they all fit.
+bool KeepBitmaps(int64_t rows, int64_t words) { return rows <= kKeptBitmapBytes / (words * 8); }
 
 RowPtr RowOf(const TensorView& v, int64_t row) {
   return {v.At(RowOffset(v, row)), v.strides[v.rank - 1] * v.elem_size()};
@@ -124,12 +135,12 @@ void EmitSorted(const std::vector<int64_t>& ids, RowPtr out, RowPtr inv, int64_t
   }
 }
 
-// Builds the error of row `row` (known to be invalid) serially, in O(R log R)
-// time and O(R) memory whatever S is.
+// Builds the error of row `row` (known to be invalid) of the private
+// snapshot `copy` serially, in O(R log R) time and O(R) memory whatever S is.
 template <typename T>
-SortIdError RowError(const TensorView& ids, int64_t row, int64_t s) {
+SortIdError RowError(const TensorView& copy, int64_t row, int64_t s) {
   std::vector<int64_t> values;
-  LoadRow<T>(RowOf(ids, row), ids.shape[ids.rank - 1], &values);
+  LoadRow<T>(RowOf(copy, row), copy.shape[copy.rank - 1], &values);
   const BadPosition bad = FirstBadPosition(values, s);
   return {row, bad.position, values[static_cast<size_t>(bad.position)], bad.first};
 }
@@ -137,8 +148,10 @@ SortIdError RowError(const TensorView& ids, int64_t row, int64_t s) {
 // SortTyped for sparse rows (PreferSortingToBitmap): the same two passes, by
 // comparison.
 template <typename T>
-absl::Status SortSparseTyped(const SortTokensArgs& args, ThreadPool* pool) {
+absl::Status SortSparseTyped(const SortTokensArgs& args, const IndexSnapshot& snapshot,
+                             ThreadPool* pool) {
   const TensorView& ids = args.ids;
+  const TensorView& copy = snapshot.view();
   const TensorView& out = args.out.has_value() ? *args.out : ids;
   const bool has_inverse = args.inverse.has_value();
   const int64_t s = args.original_tokens;
@@ -152,20 +165,23 @@ absl::Status SortSparseTyped(const SortTokensArgs& args, ThreadPool* pool) {
     std::vector<int64_t> row_ids;
     for (int64_t row = begin; row < end; ++row) {
       if (row > first_bad.load(std::memory_order_relaxed)) return;
-      LoadRow<T>(RowOf(ids, row), r, &row_ids);
+      snapshot.CopyRow(row);
+      LoadRow<T>(RowOf(copy, row), r, &row_ids);
       if (!SortAndCheckUniqueInRange(&row_ids, s)) {
         StoreMin(first_bad, row);
         return;
       }
     }
   });
+  // Skipped chunks left rows unchecked: stop before using the snapshot.
+  RETURN_IF_ERROR(CheckStop());
   if (const int64_t bad = first_bad.load(); bad < rows) {
-    return SortIdStatus(ids, s, RowError<T>(ids, bad, s));
+    return SortIdStatus(ids, s, RowError<T>(copy, bad, s));
   }
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> row_ids;
     for (int64_t row = begin; row < end; ++row) {
-      LoadRow<T>(RowOf(ids, row), r, &row_ids);
+      LoadRow<T>(RowOf(copy, row), r, &row_ids);
       std::sort(row_ids.begin(), row_ids.end());
       const RowPtr o = RowOf(out, row);
       if (has_inverse) {
@@ -175,7 +191,7 @@ absl::Status SortSparseTyped(const SortTokensArgs& args, ThreadPool* pool) {
       }
     }
   });
-  return absl::OkStatus();
+  return CheckStop();
 }
 
 template <typename T>
@@ -187,11 +203,12 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
   const int64_t r = ids.shape[ids.rank - 1];
   const int64_t rows = ids.NumRows();
   if (rows == 0) return absl::OkStatus();
-  if (PreferSortingToBitmap(r, s)) return SortSparseTyped<T>(args, pool);
+  const IndexSnapshot snapshot(ids);  // filled row by row in pass 1
+  const TensorView& copy = snapshot.view();
+  if (PreferSortingToBitmap(r, s)) return SortSparseTyped<T>(args, snapshot, pool);
   const int64_t words = BitmapWords(s);
   const int64_t grain = std::max<int64_t>(1, kChunkWork / SortRowCost(r, s, has_inverse));
-  // Kept bitmaps: one per row, shared by both passes.
-  const bool keep = rows <= kKeptBitmapBytes / (words * 8);
+  const bool keep = KeepBitmaps(rows, words);
   // Zeroed per row by pass 1 (in parallel), not here.
   std::unique_ptr<uint64_t[]> kept;
   if (keep) kept.reset(new uint64_t[static_cast<size_t>(rows * words)]);
@@ -205,7 +222,8 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
       if (row > first_bad.load(std::memory_order_relaxed)) return;
       uint64_t* bits = keep ? kept.get() + row * words : local.data();
       if (keep) std::memset(bits, 0, static_cast<size_t>(words) * sizeof(uint64_t));
-      const bool bad = MarkRow<T>(RowOf(ids, row), r, s, bits) >= 0;
+      snapshot.CopyRow(row);
+      const bool bad = MarkRow<T>(RowOf(copy, row), r, s, bits) >= 0;
       if (!keep) std::fill(local.begin(), local.end(), 0);
       if (bad) {
         StoreMin(first_bad, row);
@@ -213,18 +231,20 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
       }
     }
   });
+  // Skipped chunks left rows unchecked: stop before using the snapshot.
+  RETURN_IF_ERROR(CheckStop());
   if (const int64_t bad = first_bad.load(); bad < rows) {
-    return SortIdStatus(ids, s, RowError<T>(ids, bad, s));
+    return SortIdStatus(ids, s, RowError<T>(copy, bad, s));
   }
 
-  // Pass 2: write. In place, each row's ids are read (marked) before any of
-  // the row is written.
+  // Pass 2: write, from the bitmaps or the snapshot (never from `ids`, which
+  // in place is also the output).
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> local;
     if (!keep) local.assign(static_cast<size_t>(words), 0);
     for (int64_t row = begin; row < end; ++row) {
       uint64_t* bits = keep ? kept.get() + row * words : local.data();
-      if (!keep) MarkValidRow<T>(RowOf(ids, row), r, bits);
+      if (!keep) MarkValidRow<T>(RowOf(copy, row), r, bits);
       const RowPtr o = RowOf(out, row);
       if (has_inverse) {
         EmitRow<T, true>(bits, words, o, RowOf(*args.inverse, row), s);
@@ -233,7 +253,7 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
       }
     }
   });
-  return absl::OkStatus();
+  return CheckStop();
 }
 
 }  // namespace
@@ -242,6 +262,29 @@ absl::Status SortTokens(const SortTokensArgs& args, ThreadPool* pool) {
   RETURN_IF_ERROR(ValidateSortTokens(args));
   if (args.ids.dtype == DType::kInt64) return SortTyped<int64_t>(args, pool);
   return SortTyped<int32_t>(args, pool);
+}
+
+uint64_t ScratchBytes(const SortTokensArgs& args, int threads) {
+  if (!ValidateSortTokens(args).ok()) return kStatusScratchBytes;
+  const TensorView& ids = args.ids;
+  const int64_t s = args.original_tokens;
+  const int64_t r = ids.shape[ids.rank - 1];
+  const int64_t rows = ids.NumRows();
+  if (rows == 0) return kStatusScratchBytes;
+  uint64_t fixed = IndexSnapshot::BytesFor(ids);
+  uint64_t per_chunk;  // per live chunk of either pass
+  if (PreferSortingToBitmap(r, s)) {
+    per_chunk = SatMul3(r, sizeof(int64_t), 1);  // the row's ids
+  } else {
+    const int64_t words = BitmapWords(s);
+    const bool keep = KeepBitmaps(rows, words);
+    if (keep) fixed = SatAdd(fixed, SatMul3(rows, words, sizeof(uint64_t)));
+    per_chunk = keep ? 0 : SatMul3(words, sizeof(uint64_t), 1);
+  }
+  // The error of a bad row: its values and (value, position) pairs.
+  const uint64_t row_error = SatMul3(r, sizeof(int64_t) + 2 * sizeof(int64_t), 1);
+  const uint64_t phase = std::max(SatMul(LiveChunks(threads, rows), per_chunk), row_error);
+  return SatAdd(SatAdd(fixed, phase), kStatusScratchBytes);
 }
 
 }  // namespace tokensel::kernels::cpu

@@ -6,20 +6,35 @@
 // pool with 1 thread (no workers) runs everything inline. Results never
 // depend on the thread count: callers partition work by row and every row is
 // computed by exactly one thread.
+//
+// A ParallelFor call allocates nothing on the heap (the job lives on the
+// caller's stack, the queue is intrusive, `fn` is a FunctionRef), so an op's
+// scratch is only what the op itself allocates (cpu_ops.h ScratchBytes).
+//
+// Stop (stop.h): ParallelFor captures the calling thread's StopToken at entry
+// and checks it before every chunk, installing it on the thread that runs the
+// chunk (so CheckStop() inside `fn` sees it). Once a check fails no further
+// chunk of the call starts; chunks already running finish; the failure is
+// latched into the caller's scope, so the caller's next CheckStop() reports
+// it. With a token, ranges are cut into at least kStopChunks chunks (grain
+// permitting) so a stop takes effect within about 1/kStopChunks of the call.
 #ifndef TOKENSEL_KERNELS_CPU_THREAD_POOL_H_
 #define TOKENSEL_KERNELS_CPU_THREAD_POOL_H_
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+
 namespace tokensel::kernels::cpu {
+
+// Chunks a call is cut into (at least, when `grain` allows) while a stop
+// token is installed: the stop latency is about the call's time / this.
+inline constexpr int64_t kStopChunks = 256;
 
 class ThreadPool {
  public:
@@ -33,24 +48,29 @@ class ThreadPool {
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over disjoint chunks covering [0, n), each at least
-  // `grain` long (except the last), and returns when all have finished.
-  using RangeFn = std::function<void(int64_t begin, int64_t end)>;
-  void ParallelFor(int64_t n, int64_t grain, const RangeFn& fn);
+  // `grain` long (except the last), and returns when all have finished (or,
+  // once stopped, when the running ones have). At most threads() chunks of
+  // one call run at the same time.
+  using RangeFn = absl::FunctionRef<void(int64_t begin, int64_t end)>;
+  void ParallelFor(int64_t n, int64_t grain, RangeFn fn);
 
  private:
   struct Job;
   void WorkerLoop();
-  static void RunChunks(Job& job);
+  void Enqueue(Job* job);  // requires mu_
+  void Unlink(Job* job);   // requires mu_
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> queue_;
+  Job* head_ = nullptr;  // jobs that still take helpers, oldest first
+  Job* tail_ = nullptr;
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };
 
-// Runs fn over [0, n) on `pool`, or inline when pool is null.
-void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::RangeFn& fn);
+// Runs fn over [0, n) on `pool`, or inline (chunked only while a stop token
+// is installed) when pool is null.
+void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain, ThreadPool::RangeFn fn);
 
 // Lowers `lowest` to `candidate` when that is smaller, lock-free: the lowest
 // failing row of a ParallelFor, whichever chunk finds its failure first.

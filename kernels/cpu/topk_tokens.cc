@@ -6,6 +6,14 @@
 // (radix_select.h), then one in-order pass emits every position with key > T
 // and the first k with key == T (split at the k-th tie, so the pass carries
 // no tie counter). O(S) per row; rows run in parallel.
+//
+// Client memory: each score is read exactly once, into the row's private
+// keys; the radix select, the tie cut and the emission read only those keys,
+// so a client rewriting its scores can change which positions are taken but
+// never make the emission take more than R or fewer (the tie cut finds its
+// t.ties equal keys because they are the keys the threshold was computed
+// from). Scores never decide an address. The per-row scratch (2 * S keys
+// per live chunk) is inherent; ScratchBytes reports it.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -14,8 +22,9 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/unaligned.h"
 #include "kernels/cpu/radix_select.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/cpu/unaligned.h"
 #include "kernels/ops.h"
 #include "kernels/select.h"
 
@@ -24,6 +33,8 @@ namespace {
 
 // Target scores per parallel chunk.
 constexpr int64_t kChunkWork = int64_t{1} << 15;
+// Rows at least this long check the stop token between their stages.
+constexpr int64_t kLongRow = int64_t{1} << 16;
 
 // Score bits -> key, per dtype.
 struct F32Key {
@@ -116,7 +127,9 @@ void TopKTyped(const TopKTokensArgs& args, ThreadPool* pool) {
         continue;
       }
       LoadKeys<KeyOf>(scores.At(RowOffset(scores, row)), score_stride, s, keys.get());
+      if (s >= kLongRow && !CheckStop().ok()) return;
       const TopKThreshold t = RadixSelect<K>(keys.get(), s, r, scratch.get());
+      if (s >= kLongRow && !CheckStop().ok()) return;
       if (id_stride == static_cast<int64_t>(sizeof(I))) {
         EmitTaken<K, I, true>(keys.get(), s, t, r, out, id_stride);
       } else {
@@ -147,7 +160,18 @@ absl::Status TopKTokens(const TopKTokensArgs& args, ThreadPool* pool) {
   } else {
     TopKByScore<int32_t>(args, pool);
   }
-  return absl::OkStatus();
+  return CheckStop();
+}
+
+uint64_t ScratchBytes(const TopKTokensArgs& args, int threads) {
+  if (!ValidateTopKTokens(args).ok()) return kStatusScratchBytes;
+  const int64_t s = args.scores.shape[args.scores.rank - 1];
+  const int64_t r = args.ids.shape[args.ids.rank - 1];
+  const int64_t rows = args.scores.NumRows();
+  if (rows == 0 || r == 0 || r == s) return kStatusScratchBytes;
+  // keys + radix candidates: 2 * S keys per live chunk.
+  const uint64_t per_chunk = SatMul3(2 * s, args.scores.elem_size(), 1);
+  return SatAdd(SatMul(LiveChunks(threads, rows), per_chunk), kStatusScratchBytes);
 }
 
 }  // namespace tokensel::kernels::cpu
