@@ -1,23 +1,39 @@
 #include "kernels/stop.h"
 
 namespace tokensel::kernels {
+namespace stop_internal {
 namespace {
 
-thread_local const StopToken* current_token = nullptr;
+thread_local StopScope* current_scope = nullptr;
 
 }  // namespace
 
-ScopedStopToken::ScopedStopToken(const StopToken* token) : previous_(current_token) {
-  current_token = token;
+StopScope* CurrentStopScope() { return current_scope; }
+
+StopScope* SwapStopScope(StopScope* scope) {
+  StopScope* previous = current_scope;
+  current_scope = scope;
+  return previous;
 }
 
-ScopedStopToken::~ScopedStopToken() { current_token = previous_; }
-
-const StopToken* CurrentStopToken() { return current_token; }
-
-absl::Status CheckStop() {
-  const StopToken* token = current_token;
-  return token == nullptr ? absl::OkStatus() : token->Check();
+void LatchStop(StopScope* scope, const absl::Status& status) {
+  if (scope != nullptr && scope->stopped.ok()) scope->stopped = status;
 }
+
+absl::Status CheckStopIn(StopScope* scope) {
+  if (scope == nullptr) return absl::OkStatus();
+  if (!scope->stopped.ok()) return scope->stopped;
+  if (scope->token == nullptr) return absl::OkStatus();
+  absl::Status status = scope->token->Check();
+  if (!status.ok()) scope->stopped = status;
+  return status;
+}
+
+}  // namespace stop_internal
+
+ScopedStopToken::ScopedStopToken(const StopToken* token)
+    : scope_{token, absl::OkStatus()}, previous_(stop_internal::SwapStopScope(&scope_)) {}
+
+ScopedStopToken::~ScopedStopToken() { stop_internal::SwapStopScope(previous_); }
 
 }  // namespace tokensel::kernels

@@ -51,6 +51,9 @@ class OpsTest : public ServerFixture, public ::testing::WithParamInterface<Trans
   }
 };
 
+// Tests that use the registered arena: unix socket only.
+class OpsByReferenceTest : public OpsTest {};
+
 TEST_P(OpsByReferenceTest, SortTokensByReference) {
   Arena a(kArenaBytes);
   const int64_t kS = 16;

@@ -294,7 +294,7 @@ int Steal(const std::map<std::string, std::string>& flags) {
 
 int Truncate(const std::map<std::string, std::string>& flags) {
   constexpr int64_t kS = 64, kC = 1024, kR = 16;  // fp32 [1,S,C]: 256 KiB
-  constexpr uint64_t kActBytes = kS * kC * 4, kIdxBytes = kR * 4;
+  constexpr uint64_t kActBytes = kS * kC * 4;
   const std::string name = absl::StrCat("/tokensel-trunc-", getpid());
   // A named object is not sealed: its owner can shrink it under the server.
   absl::StatusOr<tc::SharedRegion> region =
