@@ -58,10 +58,10 @@ inline absl::Status LaunchSnapshot(const TensorView& src, void* dst, Stream stre
   const bool aligned = ElementsAligned(src);
   if (src.dtype == DType::kInt64) {
     SnapshotKernel<int64_t><<<*grid, kSnapshotThreads, 0, stream>>>(src, total, n, aligned,
-                                                                      static_cast<int64_t*>(dst));
+                                                                    static_cast<int64_t*>(dst));
   } else {
     SnapshotKernel<int32_t><<<*grid, kSnapshotThreads, 0, stream>>>(src, total, n, aligned,
-                                                                      static_cast<int32_t*>(dst));
+                                                                    static_cast<int32_t*>(dst));
   }
   CUDA_RETURN_IF_LAUNCH_ERROR("SnapshotKernel");
   return absl::OkStatus();

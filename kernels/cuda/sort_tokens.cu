@@ -206,9 +206,7 @@ __global__ void __launch_bounds__(kSortThreads)
 
 }  // namespace
 
-size_t SortTokensWorkspaceBytes(const SortTokensArgs& args) {
-  return SortTokensLayout(args).total;
-}
+size_t SortTokensWorkspaceBytes(const SortTokensArgs& args) { return SortTokensLayout(args).total; }
 
 absl::Status SortTokensAsync(const SortTokensArgs& args, Workspace ws, Stream stream) {
   RETURN_IF_ERROR(ValidateSortTokens(args));

@@ -8,6 +8,8 @@
 // The race case: TopKTokens reads the client's scores again in the emission
 // pass, so a client that rewrites them after the threshold passes can make
 // more than r keys qualify. Every slot must still be in [0, r) and distinct.
+#include "kernels/cuda/emit_slot.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/emit_slot.h"
 
 namespace tokensel::kernels::cuda {
 namespace {

@@ -142,8 +142,7 @@ class GuardedCopy {
   static constexpr size_t kGuard = 1 << 16;
   static constexpr int kPattern = 0xA5;
 
-  explicit GuardedCopy(const Tensor& t)
-      : tensor_(t), buffer_(t.bytes.size() + 2 * kGuard) {
+  explicit GuardedCopy(const Tensor& t) : tensor_(t), buffer_(t.bytes.size() + 2 * kGuard) {
     TOKENSEL_EXPECT_CUDA(cudaMemset(buffer_.data(), kPattern, buffer_.bytes()));
     TOKENSEL_EXPECT_CUDA(
         cudaMemcpy(payload(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice));
@@ -156,7 +155,8 @@ class GuardedCopy {
   }
   bool GuardsIntact() const {
     std::vector<uint8_t> all(buffer_.bytes());
-    TOKENSEL_EXPECT_CUDA(cudaMemcpy(all.data(), buffer_.data(), all.size(), cudaMemcpyDeviceToHost));
+    TOKENSEL_EXPECT_CUDA(
+        cudaMemcpy(all.data(), buffer_.data(), all.size(), cudaMemcpyDeviceToHost));
     const auto ok = [](uint8_t b) { return b == kPattern; };
     return std::all_of(all.begin(), all.begin() + kGuard, ok) &&
            std::all_of(all.end() - kGuard, all.end(), ok);
@@ -173,7 +173,8 @@ class GuardedCopy {
 // the thread is flipping, so the op that follows races it from its start.
 class Flipper {
  public:
-  Flipper(void* addr, DType dtype, int64_t a, int64_t b) : addr_(addr), wide_(dtype == DType::kInt64) {
+  Flipper(void* addr, DType dtype, int64_t a, int64_t b)
+      : addr_(addr), wide_(dtype == DType::kInt64) {
     thread_ = std::thread([this, a, b] {
       while (!stop_.load(std::memory_order_relaxed)) {
         Store(b);
@@ -290,8 +291,9 @@ inline void ExpectOutcome(const absl::Status& status, const std::string& field,
     EXPECT_TRUE(outputs[i].device->GuardsIntact()) << "output " << i << ": write outside it";
     const std::vector<uint8_t> now = outputs[i].device->Download();
     EXPECT_TRUE(now == (status.ok() ? outputs[i].expected : outputs[i].before))
-        << "output " << i << (status.ok() ? " differs from the result for the original inputs"
-                                          : " was written although the op failed");
+        << "output " << i
+        << (status.ok() ? " differs from the result for the original inputs"
+                        : " was written although the op failed");
   }
 }
 

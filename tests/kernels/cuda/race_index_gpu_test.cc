@@ -89,7 +89,8 @@ TEST_F(RaceIndexGpuTest, GatherTokens) {
     FillIndices(idx, r, s, false, rng_);
     Tensor expected = out;
     Tensor host_idx = idx;
-    ASSERT_TRUE(cpu::GatherTokens({act.Host(), host_idx.Host(), expected.Host(), true}, nullptr).ok());
+    ASSERT_TRUE(
+        cpu::GatherTokens({act.Host(), host_idx.Host(), expected.Host(), true}, nullptr).ok());
     GuardedCopy d_act(act), d_out(out);
     MappedCopy m_idx(idx);
     const kernels::GatherTokensArgs args{d_act.view(), m_idx.view(), d_out.view(), true};
@@ -114,8 +115,10 @@ TEST_F(RaceIndexGpuTest, ScatterTokens) {
   const int64_t b = 3, s = 300, r = 100, c = 24;
   for (DType index : {DType::kInt32, DType::kInt64}) {
     for (bool bf : {true, false}) {
-      Tensor all(DType::kBFloat16, bf ? std::vector<int64_t>{b, s, c} : std::vector<int64_t>{s, b, c});
-      Tensor layer(DType::kBFloat16, bf ? std::vector<int64_t>{b, r, c} : std::vector<int64_t>{r, b, c});
+      Tensor all(DType::kBFloat16,
+                 bf ? std::vector<int64_t>{b, s, c} : std::vector<int64_t>{s, b, c});
+      Tensor layer(DType::kBFloat16,
+                   bf ? std::vector<int64_t>{b, r, c} : std::vector<int64_t>{r, b, c});
       Tensor idx(index, {b, r}, 2);
       FillRandom(all, rng_);
       FillRandom(layer, rng_);
@@ -210,13 +213,13 @@ TEST_F(RaceIndexGpuTest, SortTokens) {
       absl::Status status;
       {
         Flipper flipper(m_ids.HostElement(f.e), index, ids.GetIndex(f.e), f.bad);
-        status = RunCuda(args, kc::SortTokensWorkspaceBytes, kc::SortTokensAsync,
-                         kc::SortTokensFinish);
+        status =
+            RunCuda(args, kc::SortTokensWorkspaceBytes, kc::SortTokensAsync, kc::SortTokensFinish);
       }
-      ExpectOutcome(status, "ids",
-                    {{&d_out, out.bytes, expected_out.bytes},
-                     {&d_inv, inverse.bytes, expected_inv.bytes}},
-                    &ok_, &invalid_);
+      ExpectOutcome(
+          status, "ids",
+          {{&d_out, out.bytes, expected_out.bytes}, {&d_inv, inverse.bytes, expected_inv.bytes}},
+          &ok_, &invalid_);
       if (status.ok()) {
         TOKENSEL_EXPECT_CUDA(cudaMemcpy(d_out.view().data, out.bytes.data(), out.bytes.size(),
                                         cudaMemcpyHostToDevice));

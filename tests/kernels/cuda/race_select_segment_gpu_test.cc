@@ -169,7 +169,7 @@ TEST_F(RaceSelectSegmentGpuTest, TopKTokensScoresRewritten) {
   Tensor high = low;
   for (int64_t i = 0; i < low.Elements(); ++i) {
     const float a = static_cast<float>(rng_() % 1000000) / 1e6f;  // [0, 1)
-    const float h = 2.0f + a;                                       // above every low score
+    const float h = 2.0f + a;                                     // above every low score
     std::memcpy(low.bytes.data() + low.ByteOffset(i), &a, 4);
     std::memcpy(high.bytes.data() + high.ByteOffset(i), &h, 4);
   }
@@ -182,8 +182,8 @@ TEST_F(RaceSelectSegmentGpuTest, TopKTokensScoresRewritten) {
     absl::Status status;
     {
       Scribbler scribbler(m_scores.host(), low.bytes, high.bytes);
-      status = RunCuda(args, kc::TopKTokensWorkspaceBytes, kc::TopKTokensAsync,
-                       kc::TopKTokensFinish);
+      status =
+          RunCuda(args, kc::TopKTokensWorkspaceBytes, kc::TopKTokensAsync, kc::TopKTokensFinish);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "context lost; op status " << status;
     EXPECT_TRUE(status.ok()) << status;
@@ -209,8 +209,8 @@ TEST_F(RaceSelectSegmentGpuTest, TopKTokensScoresRewritten) {
         break;
       }
     }
-    TOKENSEL_EXPECT_CUDA(cudaMemcpy(d_ids.view().data, ids.bytes.data(), ids.bytes.size(),
-                                    cudaMemcpyHostToDevice));
+    TOKENSEL_EXPECT_CUDA(
+        cudaMemcpy(d_ids.view().data, ids.bytes.data(), ids.bytes.size(), cudaMemcpyHostToDevice));
   }
 }
 
@@ -252,8 +252,7 @@ TEST_F(RaceSelectSegmentGpuTest, SampleTokensBertMaskReadsIdsBack) {
       status = RunCuda(args, kc::SampleTokensWorkspaceBytes, kc::SampleTokensAsync,
                        kc::SampleTokensFinish);
     }
-    ExpectOutcome(status, "indices", {{&d_bert, bert.bytes, expected_bert.bytes}}, &ok_,
-                  &invalid_);
+    ExpectOutcome(status, "indices", {{&d_bert, bert.bytes, expected_bert.bytes}}, &ok_, &invalid_);
     if (status.ok()) {
       TOKENSEL_EXPECT_CUDA(cudaMemcpy(d_bert.view().data, bert.bytes.data(), bert.bytes.size(),
                                       cudaMemcpyHostToDevice));

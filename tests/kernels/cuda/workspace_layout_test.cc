@@ -5,6 +5,8 @@
 // overflow saturate instead of wrapping; args that fail validation give an
 // empty layout. No device is needed: views carry fake addresses (metadata
 // only, never dereferenced). Label static-gpu (needs nvcc, not a GPU).
+#include "kernels/cuda/workspace_layout.h"
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -12,7 +14,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/workspace_layout.h"
 #include "kernels/ops.h"
 
 namespace tokensel::kernels::cuda {
@@ -161,7 +162,8 @@ TEST(WorkspaceLayoutTest, BroadcastIndicesAndOverflow) {
   // C == 0): 2^59 bytes, sized without wrapping.
   const int64_t b = int64_t{1} << 20;
   const int64_t s = int64_t{1} << 42;
-  const ScatterTokensArgs sc{View(0, DType::kFloat32, {b, s, 0}), View(2, DType::kFloat32, {b, 1, 0}),
+  const ScatterTokensArgs sc{View(0, DType::kFloat32, {b, s, 0}),
+                             View(2, DType::kFloat32, {b, 1, 0}),
                              Strided(1, DType::kInt32, {b, 1}, {0, 0}), true};
   ASSERT_TRUE(ValidateScatterTokens(sc).ok()) << ValidateScatterTokens(sc);
   const IndexOpLayout sl = ScatterTokensLayout(sc);
@@ -254,7 +256,8 @@ TEST(WorkspaceLayoutTest, SegmentSeqlens) {
               sections.push_back({"bases", l.bases[s], (b + 1) * kSegmentRowTotalsBytes});
             }
           }
-          const bool agg_global = cross && 2 * (ns + 1) * kSegmentAggBytes > kSegmentMaxAggSmemBytes;
+          const bool agg_global =
+              cross && 2 * (ns + 1) * kSegmentAggBytes > kSegmentMaxAggSmemBytes;
           EXPECT_EQ(l.agg_in_smem, !agg_global);
           if (agg_global) {
             sections.push_back({"aggregates", l.agg, b * 2 * (ns + 1) * kSegmentAggBytes});
