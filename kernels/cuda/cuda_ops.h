@@ -5,26 +5,37 @@
 // Every op has the same three-part API:
 //
 //   size_t <Op>WorkspaceBytes(const <Op>Args& args);
-//       Device scratch the op needs for `args` (call after Validate<Op>
-//       passed). Always >= kDeviceStatusBytes: the workspace starts with the
-//       op's DeviceStatus word.
+//       Device scratch the op needs for `args`, from metadata only (layouts:
+//       workspace_layout.h). Always >= kDeviceStatusBytes: the workspace
+//       starts with the op's DeviceStatus word. May be called before
+//       validation: for args Validate<Op> rejects it returns
+//       kDeviceStatusBytes (Async then reports the error). Sizes that do not
+//       fit return kWorkspaceTooLarge (SIZE_MAX / 2), never a wrapped value.
+//       Grows with the client's index/ids/segment tensors: their snapshot
+//       (one element per logical element, so a broadcast view costs its
+//       full element count).
 //
 //   absl::Status <Op>Async(const <Op>Args& args, Workspace ws, Stream stream);
 //       Validates metadata on the host (INVALID_ARGUMENT, nothing enqueued),
-//       then enqueues on `stream`: reset the status word, validate the data
-//       on the device (index ranges, duplicates, segment structure), and only
-//       if it is valid, write the outputs (the write kernels read the status
-//       word first and exit when it is set). No host synchronization, no
-//       allocation; every launch is checked with cudaPeekAtLastError
-//       (INTERNAL on a CUDA error). All views must point to device memory
-//       accessible from the current device.
+//       then enqueues on `stream`: reset the status word, copy every client
+//       tensor whose values decide an address (indices, ids, segment ids and
+//       the positions a mask reads) once into the workspace, validate that
+//       copy on the device (index ranges, duplicates, segment structure), and
+//       only if it is valid, write the outputs from it (the write kernels
+//       read the status word first and exit when it is set). The client may
+//       rewrite its memory at any moment meanwhile: no kernel reads such a
+//       value twice (docs/gpu.md, "Trust boundary"). No host
+//       synchronization, no allocation; every launch is checked with
+//       cudaPeekAtLastError (INTERNAL on a CUDA error). All views must point
+//       to device memory accessible from the current device.
 //
 //   absl::Status <Op>Finish(const <Op>Args& args, Workspace ws, Stream stream);
 //       Synchronizes `stream`, reads the status word and returns OK, or on
 //       the invalid-data path the exact INVALID_ARGUMENT message the CPU
-//       implementation gives for the same data (computed by running the CPU
-//       op on host copies of the inputs; the error path may be slow), or
-//       INTERNAL for a CUDA error.
+//       implementation gives for the data the device validated (computed by
+//       running the CPU op on host copies of the workspace snapshots, not of
+//       the client's tensors; the error path may be slow), or INTERNAL for a
+//       CUDA error. `ws` must be the workspace Async used, untouched since.
 //
 // On the invalid-data path nothing has been written to any output.
 // Thread-safety: concurrent calls are fine on different streams and

@@ -1,7 +1,10 @@
 // GatherTokens on the GPU (contract: kernels/cuda/cuda_ops.h, kernels/ops.h).
-// Async: reset the status word, range-check every index (CheckIndicesKernel),
-// then copy one C-element row per retained token with the row-copy engine of
-// copy_kernels.cuh; rows run in `out` order, so the writes stream.
+// Async: reset the status word, snapshot the indices into the workspace
+// (snapshot.cuh: the only read of the client's index tensor), range-check
+// the snapshot (CheckIndicesKernel), then copy one C-element row per
+// retained token with the row-copy engine of copy_kernels.cuh, the source
+// row taken from the snapshot; rows run in `out` order, so the writes stream.
+// Workspace: workspace_layout.h (GatherTokensLayout).
 #include <cuda_runtime.h>
 
 #include "common/status_macros.h"
@@ -9,13 +12,16 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/gather_math.h"
 
 namespace tokensel::kernels::cuda {
 namespace {
 
 // Row `row` of out ([B,R,C] / [R,B,C] order) <- its activations token row.
+// `idx` is the snapshot of the indices (workspace memory), never the client's.
 struct GatherRowMap {
   TensorView act;
   TensorView idx;
@@ -34,18 +40,23 @@ struct GatherRowMap {
 
 }  // namespace
 
-size_t GatherTokensWorkspaceBytes(const GatherTokensArgs&) { return kDeviceStatusBytes; }
+size_t GatherTokensWorkspaceBytes(const GatherTokensArgs& args) {
+  return GatherTokensLayout(args).total;
+}
 
 absl::Status GatherTokensAsync(const GatherTokensArgs& args, Workspace ws, Stream stream) {
   RETURN_IF_ERROR(ValidateGatherTokens(args));
-  RETURN_IF_ERROR(CheckWorkspace(ws, GatherTokensWorkspaceBytes(args), "GatherTokens"));
+  const IndexOpLayout layout = GatherTokensLayout(args);
+  RETURN_IF_ERROR(CheckWorkspace(ws, layout.total, "GatherTokens"));
   RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
   const TensorView& act = args.activations;
   const TensorView& out = args.out;
   const bool bf = args.batch_first;
   const TokenDims d = GetTokenDims(act, args.indices, bf);
+  const TensorView idx = SnapshotView(args.indices, SectionAt(ws, layout.snapshot));
+  RETURN_IF_ERROR(LaunchSnapshot(args.indices, idx.data, stream));
   // Indices are checked even when C == 0, like the CPU twin.
-  RETURN_IF_ERROR(LaunchIndexCheck(args.indices, d.seq, /*bitmap=*/nullptr, ws, stream));
+  RETURN_IF_ERROR(LaunchIndexCheck(idx, d.seq, /*bitmap=*/nullptr, ws, stream));
   const int64_t rows = d.batch * d.retained;
   if (rows == 0 || d.channels == 0) return absl::OkStatus();
   const int b_axis = bf ? 0 : 1;
@@ -55,12 +66,14 @@ absl::Status GatherTokensAsync(const GatherTokensArgs& args, Workspace ws, Strea
       {{out.strides[b_axis], d.batch}, {out.strides[s_axis], d.retained}},
       {{act.strides[b_axis], d.batch}, {act.strides[s_axis], d.seq}}, out.strides[2],
       act.strides[2]);
-  return LaunchRowCopy(plan, GatherRowMap{act, args.indices, out, d.batch, d.retained, bf}, ws,
-                       stream);
+  return LaunchRowCopy(plan, GatherRowMap{act, idx, out, d.batch, d.retained, bf}, ws, stream);
 }
 
 absl::Status GatherTokensFinish(const GatherTokensArgs& args, Workspace ws, Stream stream) {
+  // The message is computed from the snapshot the device validated (a copy
+  // of the client's tensor now could hold other values).
   GatherTokensArgs host = args;
+  host.indices = SnapshotView(args.indices, SectionAt(ws, GatherTokensLayout(args).snapshot));
   return FinishWithCpuOracle(ws, stream, "GatherTokens", {&host.indices},
                              {&host.activations, &host.out},
                              [&] { return cpu::GatherTokens(host, nullptr); });

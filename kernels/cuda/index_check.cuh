@@ -2,7 +2,10 @@
 // GatherBertMask): every element in [0, limit), and with a bitmap, unique
 // within its row. A bad element sets the op's status word and records its
 // row-major linear index (status.cuh); the exact message comes later from the
-// CPU oracle in <Op>Finish. Reads the indices only.
+// CPU oracle in <Op>Finish. Reads the indices only, and only from the op's
+// snapshot in the workspace (snapshot.cuh), never from client memory: the
+// copy kernel that follows reads the same snapshot, so every index it uses is
+// one this kernel checked.
 #ifndef TOKENSEL_KERNELS_CUDA_INDEX_CHECK_CUH_
 #define TOKENSEL_KERNELS_CUDA_INDEX_CHECK_CUH_
 
@@ -14,13 +17,11 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/gather_math.h"
 #include "kernels/tensor_view.h"
 
 namespace tokensel::kernels::cuda {
-
-// 32-bit words of the per-row uniqueness bitmap for indices in [0, limit).
-inline int64_t BitmapWordsPerRow(int64_t limit) { return (limit + 31) / 32; }
 
 // One thread per index element (grid-stride). `bitmap` (rows *
 // words_per_row words, zeroed) is null when uniqueness is not required:
@@ -53,8 +54,8 @@ __global__ void __launch_bounds__(256)
 }
 
 // Enqueues the check of `indices` ([B,R] or [L,B,R]; uniqueness only for
-// [B,R]). With `bitmap` non-null (uniqueness), zeroes it first:
-// rows * BitmapWordsPerRow(limit) words.
+// [B,R]), a snapshot view. With `bitmap` non-null (uniqueness), zeroes it
+// first: rows * BitmapWordsPerRow(limit) words (workspace_layout.h).
 inline absl::Status LaunchIndexCheck(const TensorView& indices, int64_t limit,
                                      unsigned int* bitmap, Workspace ws, Stream stream) {
   const int64_t rows = indices.NumRows();

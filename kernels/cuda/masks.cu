@@ -10,8 +10,13 @@
 // grid y over index rows and x over chunks (grid-stride both); a block stages the R key columns of its index row in shared memory as byte
 // offsets (kBertKeyTile at a time), then each warp copies whole output rows:
 // lane j writes out[..., j] (coalesced) from the gathered column idx[j] of the
-// source row (scattered reads within one mask row). Indices are range-checked
-// first (CheckIndicesKernel); the write kernel exits if the status is set.
+// source row (scattered reads within one mask row). Indices are first
+// snapshotted into the workspace (snapshot.cuh: the only read of the client's
+// index tensor), the snapshot is range-checked (CheckIndicesKernel), and the
+// write kernel reads the same snapshot; it exits if the status is set.
+// Workspace: workspace_layout.h (GatherBertMaskLayout). SampleTokens runs
+// this op on the ids it just wrote to client memory: the snapshot makes that
+// read-back safe too.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,7 +26,9 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/gather_math.h"
 
 namespace tokensel::kernels::cuda {
@@ -34,7 +41,7 @@ inline constexpr int kBertKeyTile = 2048;
 
 struct BertMaskParams {
   TensorView mask;
-  TensorView idx;
+  TensorView idx;  // the snapshot of the indices (workspace memory)
   TensorView out;
   int64_t chunks;  // per index row: ceil(H*R / kBertRowsPerItem)
   int units;       // elem / kUnit
@@ -126,18 +133,23 @@ struct GptRowMap {
 
 }  // namespace
 
-size_t GatherBertMaskWorkspaceBytes(const GatherBertMaskArgs&) { return kDeviceStatusBytes; }
+size_t GatherBertMaskWorkspaceBytes(const GatherBertMaskArgs& args) {
+  return GatherBertMaskLayout(args).total;
+}
 
 absl::Status GatherBertMaskAsync(const GatherBertMaskArgs& args, Workspace ws, Stream stream) {
   RETURN_IF_ERROR(ValidateGatherBertMask(args));
-  RETURN_IF_ERROR(CheckWorkspace(ws, GatherBertMaskWorkspaceBytes(args), "GatherBertMask"));
+  const IndexOpLayout layout = GatherBertMaskLayout(args);
+  RETURN_IF_ERROR(CheckWorkspace(ws, layout.total, "GatherBertMask"));
   RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
-  RETURN_IF_ERROR(LaunchIndexCheck(args.indices, args.mask.shape[3], nullptr, ws, stream));
+  const TensorView idx = SnapshotView(args.indices, SectionAt(ws, layout.snapshot));
+  RETURN_IF_ERROR(LaunchSnapshot(args.indices, idx.data, stream));
+  RETURN_IF_ERROR(LaunchIndexCheck(idx, args.mask.shape[3], nullptr, ws, stream));
   const TensorView& out = args.out;
   const int64_t index_rows = out.shape[0] * out.shape[1];
   const int64_t rows_per_index_row = out.shape[2] * out.shape[3];
   if (index_rows == 0 || rows_per_index_row == 0 || out.shape[4] == 0) return absl::OkStatus();
-  BertMaskParams p{args.mask, args.indices, out, 0, 1};
+  BertMaskParams p{args.mask, idx, out, 0, 1};
   p.chunks = (rows_per_index_row + kBertRowsPerItem - 1) / kBertRowsPerItem;
   const int unit = BertUnit(args);
   p.units = static_cast<int>(args.mask.elem_size() / unit);
@@ -167,7 +179,9 @@ absl::Status GatherBertMaskAsync(const GatherBertMaskArgs& args, Workspace ws, S
 }
 
 absl::Status GatherBertMaskFinish(const GatherBertMaskArgs& args, Workspace ws, Stream stream) {
+  // The message is computed from the snapshot the device validated.
   GatherBertMaskArgs host = args;
+  host.indices = SnapshotView(args.indices, SectionAt(ws, GatherBertMaskLayout(args).snapshot));
   return FinishWithCpuOracle(ws, stream, "GatherBertMask", {&host.indices},
                              {&host.mask, &host.out},
                              [&] { return cpu::GatherBertMask(host, nullptr); });

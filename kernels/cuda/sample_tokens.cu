@@ -14,12 +14,17 @@
 // R == 0 and R == S need no keys (nothing / everything is taken).
 //
 // Masks: after the ids kernel, GatherBertMaskAsync / SliceGptMaskAsync (c1's
-// kernels/cuda/masks.cu) run on the same stream, reading the sampled ids. The
-// workspace composes: [own status 256 B][bert_mask op workspace][gpt_mask op
-// workspace], each part 256-aligned and sized by that op's WorkspaceBytes;
-// SampleTokensFinish reads the own status word and calls the mask ops'
-// Finish on their parts. SampleTokens has no data errors (ValidateSampleTokens
-// checks everything), so the status words stay clear.
+// kernels/cuda/masks.cu) run on the same stream, reading the sampled ids back
+// from `ids` (client memory: GatherBertMask snapshots and checks them like
+// any client indices, so a client that rewrites them in between gets
+// INVALID_ARGUMENT or its own values gathered, never an access outside the
+// views). The workspace composes: [own status 256 B][bert_mask op
+// workspace][gpt_mask op workspace], each part 256-aligned and sized by that
+// op's WorkspaceBytes; SampleTokensFinish reads the own status word and calls
+// the mask ops' Finish on their parts. SampleTokens has no data errors
+// (ValidateSampleTokens checks everything), so the status words stay clear,
+// except the bert part's when a client rewrote `ids` before the mask read
+// them (GatherBertMask's INVALID_ARGUMENT on the "indices" it saw).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -102,8 +107,11 @@ struct SampleLayout {
   size_t total = kDeviceStatusBytes;
 };
 
+// Empty for args that fail validation (the server sizes the workspace
+// before Async validates; BertArgs / GptArgs need a valid `mask`).
 SampleLayout Layout(const SampleTokensArgs& args, Workspace ws) {
   SampleLayout l;
+  if (!ValidateSampleTokens(args).ok()) return l;
   char* base = static_cast<char*>(ws.data);
   if (args.bert_mask.has_value()) {
     const size_t bytes = AlignWorkspace(GatherBertMaskWorkspaceBytes(BertArgs(args)));

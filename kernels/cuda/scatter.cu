@@ -1,9 +1,12 @@
 // ScatterTokens on the GPU (contract: kernels/cuda/cuda_ops.h, kernels/ops.h).
-// Async: reset the status word, check every index for range and per-row
-// uniqueness (a bitmap of S bits per row in the workspace: atomicOr returns
-// the old word, so a duplicate is seen by exactly one of its threads), then
-// copy each layer row to its token row of `all`. Uniqueness makes the row
-// writes disjoint; rows run in `layer` order, so the reads stream.
+// Async: reset the status word, snapshot the indices into the workspace
+// (snapshot.cuh: the only read of the client's index tensor), check every
+// snapshot index for range and per-row uniqueness (a bitmap of S bits per
+// row in the workspace: atomicOr returns the old word, so a duplicate is seen
+// by exactly one of its threads), then copy each layer row to its token row
+// of `all`, the target row taken from the same snapshot. Uniqueness makes the
+// row writes disjoint; rows run in `layer` order, so the reads stream.
+// Workspace: workspace_layout.h (ScatterTokensLayout).
 #include <cuda_runtime.h>
 
 #include "common/status_macros.h"
@@ -11,13 +14,16 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/gather_math.h"
 
 namespace tokensel::kernels::cuda {
 namespace {
 
 // Row `row` of layer ([B,R,C] / [R,B,C] order) -> its token row of all.
+// `idx` is the snapshot of the indices (workspace memory), never the client's.
 struct ScatterRowMap {
   TensorView all;
   TensorView layer;
@@ -34,21 +40,16 @@ struct ScatterRowMap {
   }
 };
 
-// Bitmap bytes: one row of S bits (32-bit words) per index row.
-int64_t BitmapBytes(const ScatterTokensArgs& args) {
-  const TokenDims d = GetTokenDims(args.all, args.indices, args.batch_first);
-  return d.batch * BitmapWordsPerRow(d.seq) * 4;
-}
-
 }  // namespace
 
 size_t ScatterTokensWorkspaceBytes(const ScatterTokensArgs& args) {
-  return kDeviceStatusBytes + AlignWorkspace(static_cast<size_t>(BitmapBytes(args)));
+  return ScatterTokensLayout(args).total;
 }
 
 absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Stream stream) {
   RETURN_IF_ERROR(ValidateScatterTokens(args));
-  RETURN_IF_ERROR(CheckWorkspace(ws, ScatterTokensWorkspaceBytes(args), "ScatterTokens"));
+  const IndexOpLayout layout = ScatterTokensLayout(args);
+  RETURN_IF_ERROR(CheckWorkspace(ws, layout.total, "ScatterTokens"));
   RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
   const TensorView& all = args.all;
   const TensorView& layer = args.layer;
@@ -56,9 +57,11 @@ absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Str
   const TokenDims d = GetTokenDims(all, args.indices, bf);
   const int64_t rows = d.batch * d.retained;
   if (rows == 0) return absl::OkStatus();
+  const TensorView idx = SnapshotView(args.indices, SectionAt(ws, layout.snapshot));
+  RETURN_IF_ERROR(LaunchSnapshot(args.indices, idx.data, stream));
   // Indices are checked even when C == 0, like the CPU twin.
-  RETURN_IF_ERROR(LaunchIndexCheck(args.indices, d.seq,
-                                   static_cast<unsigned int*>(WorkspaceScratch(ws)), ws, stream));
+  RETURN_IF_ERROR(LaunchIndexCheck(
+      idx, d.seq, static_cast<unsigned int*>(SectionAt(ws, layout.bitmap)), ws, stream));
   if (d.channels == 0) return absl::OkStatus();
   const int b_axis = bf ? 0 : 1;
   const int s_axis = bf ? 1 : 0;
@@ -67,12 +70,13 @@ absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Str
       {{all.strides[b_axis], d.batch}, {all.strides[s_axis], d.seq}},
       {{layer.strides[b_axis], d.batch}, {layer.strides[s_axis], d.retained}}, all.strides[2],
       layer.strides[2]);
-  return LaunchRowCopy(plan, ScatterRowMap{all, layer, args.indices, d.batch, d.retained, bf}, ws,
-                       stream);
+  return LaunchRowCopy(plan, ScatterRowMap{all, layer, idx, d.batch, d.retained, bf}, ws, stream);
 }
 
 absl::Status ScatterTokensFinish(const ScatterTokensArgs& args, Workspace ws, Stream stream) {
+  // The message is computed from the snapshot the device validated.
   ScatterTokensArgs host = args;
+  host.indices = SnapshotView(args.indices, SectionAt(ws, ScatterTokensLayout(args).snapshot));
   return FinishWithCpuOracle(ws, stream, "ScatterTokens", {&host.indices},
                              {&host.all, &host.layer},
                              [&] { return cpu::ScatterTokens(host, nullptr); });

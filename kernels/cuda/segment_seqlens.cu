@@ -23,7 +23,33 @@
 //   status word is set; otherwise writes seqlen/offset and the packed layout.
 // Invalid data therefore writes no output. The error message is the CPU
 // twin's (FinishWithCpuOracle). Not implemented: the multi-CTA-per-row path
-// (Design B) for B=1 with very long T; such rows run on one SM.
+// (Design B) for B=1 with very long T; such rows run on one SM. RowKernel
+// strides over rows (RowGrid), so every B is covered by the grid.
+//
+// Trust boundary (docs/gpu.md): ids and positions are client memory that may
+// change while the op runs. Pass 1 reads each element exactly once (volatile
+// loads) and stores the value it validated into a snapshot in the workspace
+// ([B][T] per side, the input's dtype; positions only when the mask reads
+// them, and 0 for padding tokens, whose positions nobody reads). Pass 2 of
+// cross-attention and the CPU oracle of SegmentSeqlensFinish read only the
+// snapshots, so the message always describes the data that was checked.
+// Every address formed from data is moreover bounded at its point of use, so
+// data that failed validation (pass 2 and the compaction still run on it)
+// stays in bounds too:
+//   - ids index the seqlen bins and the aggregates only when in [1, NS]
+//     (Commit, and the keep loop of ScanSide);
+//   - a kept-run rank indexes the offset staging only when <= NS;
+//   - a row's packed totals are computed by the server from its staging:
+//     seg = non-zero bins <= NS, off = min(runs, NS+1), tok <= T (each token
+//     adds at most 1 to one bin, so the packed 32-bit sums never carry); so
+//     WritePacked's base.seg + j < B*NS and base.off + j < B*(NS+1);
+//   - negative positions only reach pass 2 on flagged data and are dropped
+//     there, so the keep predicate's no-overflow premise (pos >= 0) holds;
+//   - outputs are written only by WriteKernel, which exits when any row
+//     flagged.
+// Cost: the snapshot is one extra write of the input bytes in pass 1 (pass 2
+// used to re-read the client tensor, now it reads the snapshot from L2); the
+// op is launch-bound at the benchmark shape.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -37,6 +63,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/segment_seqlens_impl.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/segment_math.h"
 
 namespace tokensel::kernels::cuda {
@@ -45,36 +72,38 @@ namespace seg {
 __global__ void __launch_bounds__(kThreads) RowKernel(RowParams p) {
   extern __shared__ DevAgg smem_agg[];
   __shared__ TileStorage storage;
-  const int64_t row = blockIdx.x;
   const int64_t ns = p.ns;
   const bool cross = p.sides == 2;
-  DevAgg* agg = nullptr;
-  if (cross) {
-    agg = p.agg_in_smem ? smem_agg : p.agg_global + row * 2 * (ns + 1);
-    for (int64_t i = threadIdx.x; i < 2 * (ns + 1); i += kThreads) {
-      agg[i] = DevAgg{0ull, LLONG_MAX, LLONG_MIN};
+  for (int64_t row = blockIdx.x; row < p.batch; row += gridDim.x) {
+    DevAgg* agg = nullptr;
+    if (cross) {
+      agg = p.agg_in_smem ? smem_agg : p.agg_global + row * 2 * (ns + 1);
+      for (int64_t i = threadIdx.x; i < 2 * (ns + 1); i += kThreads) {
+        agg[i] = DevAgg{0ull, LLONG_MAX, LLONG_MIN};
+      }
     }
-  }
-  for (int s = 0; s < p.sides; ++s) {
-    const SideStage& st = p.stage[s];
-    for (int64_t j = threadIdx.x; j < ns + 1; j += kThreads) {
-      if (j < ns) st.seqlen[row * ns + j] = 0;
-      st.offset[row * (ns + 1) + j] = -1;
+    for (int s = 0; s < p.sides; ++s) {
+      const SideStage& st = p.stage[s];
+      for (int64_t j = threadIdx.x; j < ns + 1; j += kThreads) {
+        if (j < ns) st.seqlen[row * ns + j] = 0;
+        st.offset[row * (ns + 1) + j] = -1;
+      }
     }
-  }
-  __syncthreads();
-  if (!cross) {
-    ScanSide<kSelf>(p, 0, row, nullptr, nullptr, &storage);
-  } else {
-    ScanSide<kAggregate>(p, 0, row, agg, nullptr, &storage);
-    ScanSide<kAggregate>(p, 1, row, agg + ns + 1, nullptr, &storage);
-    __syncthreads();  // aggregates complete
-    ScanSide<kKeep>(p, 0, row, agg, agg + ns + 1, &storage);
-    ScanSide<kKeep>(p, 1, row, agg + ns + 1, agg, &storage);
-  }
-  __syncthreads();  // seqlen bins complete
-  for (int s = 0; s < p.sides; ++s) {
-    if (p.stage[s].cum != nullptr) CompactRow(p.stage[s], row, ns, &storage);
+    __syncthreads();
+    if (!cross) {
+      ScanSide<kSelf>(p, 0, row, nullptr, nullptr, &storage);
+    } else {
+      ScanSide<kAggregate>(p, 0, row, agg, nullptr, &storage);
+      ScanSide<kAggregate>(p, 1, row, agg + ns + 1, nullptr, &storage);
+      __syncthreads();  // aggregates complete
+      ScanSide<kKeep>(p, 0, row, agg, agg + ns + 1, &storage);
+      ScanSide<kKeep>(p, 1, row, agg + ns + 1, agg, &storage);
+    }
+    __syncthreads();  // seqlen bins complete
+    for (int s = 0; s < p.sides; ++s) {
+      if (p.stage[s].cum != nullptr) CompactRow(p.stage[s], row, ns, &storage);
+    }
+    __syncthreads();  // shared memory (aggregates, storage) is reused by the next row
   }
 }
 
@@ -127,21 +156,19 @@ __global__ void __launch_bounds__(kThreads) WriteKernel(Workspace ws, WriteParam
 
 }  // namespace seg
 
-using seg::Layout;
-
 size_t SegmentSeqlensWorkspaceBytes(const SegmentSeqlensArgs& args) {
-  return Layout::For(args).total;
+  return SegmentSeqlensLayout(args).total;
 }
 
 absl::Status SegmentSeqlensAsync(const SegmentSeqlensArgs& args, Workspace ws, Stream stream) {
   RETURN_IF_ERROR(ValidateSegmentSeqlens(args));
-  const Layout layout = Layout::For(args);
+  const SegmentLayout layout = SegmentSeqlensLayout(args);
   RETURN_IF_ERROR(CheckWorkspace(ws, layout.total, "SegmentSeqlens"));
   RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
   if (layout.batch == 0) return absl::OkStatus();
   const seg::RowParams rp = seg::MakeRowParams(args, layout, ws);
   const size_t smem = rp.agg_in_smem ? layout.agg_smem_bytes : 0;
-  seg::RowKernel<<<static_cast<unsigned>(layout.batch), seg::kThreads, smem, stream>>>(rp);
+  seg::RowKernel<<<seg::RowGrid(layout), seg::kThreads, smem, stream>>>(rp);
   CUDA_RETURN_IF_LAUNCH_ERROR("SegmentSeqlens RowKernel");
   const seg::ScanParams sp = seg::MakeScanParams(layout, ws);
   if (sp.totals[0] != nullptr || sp.totals[1] != nullptr) {
@@ -155,9 +182,29 @@ absl::Status SegmentSeqlensAsync(const SegmentSeqlensArgs& args, Workspace ws, S
 }
 
 absl::Status SegmentSeqlensFinish(const SegmentSeqlensArgs& args, Workspace ws, Stream stream) {
+  // The message is computed from the snapshots the device validated. Inputs
+  // it does not read (positions outside causal cross-attention) are not
+  // copied: the CPU op ignores them too.
+  const SegmentLayout layout = SegmentSeqlensLayout(args);
   SegmentSeqlensArgs host = args;
-  auto opt = [](std::optional<TensorView>& v) { return v.has_value() ? &*v : nullptr; };
-  std::vector<TensorView*> scratch;  // outputs: host memory, not copied
+  std::vector<TensorView*> inputs;
+  std::vector<TensorView*> scratch;  // outputs and unread inputs: host memory, not copied
+  host.segment_ids_q = SnapshotView(args.segment_ids_q, SectionAt(ws, layout.ids[0]));
+  inputs.push_back(&host.segment_ids_q);
+  if (host.segment_ids_kv.has_value()) {
+    *host.segment_ids_kv = SnapshotView(*args.segment_ids_kv, SectionAt(ws, layout.ids[1]));
+    inputs.push_back(&*host.segment_ids_kv);
+  }
+  for (int s = 0; s < 2; ++s) {
+    std::optional<TensorView>& pos = s == 0 ? host.segment_pos_q : host.segment_pos_kv;
+    if (!pos.has_value()) continue;
+    if (layout.read_pos) {
+      *pos = SnapshotView(*pos, SectionAt(ws, layout.pos[s]));
+      inputs.push_back(&*pos);
+    } else {
+      scratch.push_back(&*pos);
+    }
+  }
   auto add_side = [&](SegmentSeqlensSide& side) {
     scratch.push_back(&side.seqlen);
     scratch.push_back(&side.offset);
@@ -169,11 +216,8 @@ absl::Status SegmentSeqlensFinish(const SegmentSeqlensArgs& args, Workspace ws, 
   };
   add_side(host.q);
   if (host.kv.has_value()) add_side(*host.kv);
-  return FinishWithCpuOracle(
-      ws, stream, "SegmentSeqlens",
-      {&host.segment_ids_q, opt(host.segment_pos_q), opt(host.segment_ids_kv),
-       opt(host.segment_pos_kv)},
-      scratch, [&] { return cpu::SegmentSeqlens(host, nullptr); });
+  return FinishWithCpuOracle(ws, stream, "SegmentSeqlens", inputs, scratch,
+                             [&] { return cpu::SegmentSeqlens(host, nullptr); });
 }
 
 }  // namespace tokensel::kernels::cuda

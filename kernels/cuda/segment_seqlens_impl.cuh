@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/ops.h"
 #include "kernels/segment_math.h"
 #include "kernels/tensor_view.h"
@@ -22,14 +23,16 @@ namespace tokensel::kernels::cuda::seg {
 inline constexpr int kThreads = 256;
 inline constexpr int kItems = 4;  // tokens per thread per tile (blocked)
 inline constexpr int64_t kTile = int64_t{kThreads} * kItems;
-// Per-row aggregates of both sides live in shared memory up to this size.
-inline constexpr size_t kMaxAggSmemBytes = 32 * 1024;
+// RowKernel blocks (grid-stride over rows beyond; far below the 2^31-1 limit
+// of gridDim.x, so no B truncates the grid).
+inline constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 
 struct DevAgg {
   unsigned long long cnt;
   long long minpos;
   long long maxpos;
 };
+static_assert(sizeof(DevAgg) == kSegmentAggBytes, "workspace_layout.h sizes the aggregates");
 
 // Per (row, side) counts for the packed layout; scanned over B.
 struct RowTotals {
@@ -40,13 +43,19 @@ struct RowTotals {
 __host__ __device__ inline RowTotals operator+(const RowTotals& a, const RowTotals& b) {
   return {a.seg + b.seg, a.off + b.off, a.tok + b.tok};
 }
+static_assert(sizeof(RowTotals) == kSegmentRowTotalsBytes, "workspace_layout.h sizes the totals");
 
+// One side's inputs: the client's views, read once each (pass 1), and their
+// snapshots in the workspace ([B][T], same dtype), which pass 1 writes and
+// every later read (pass 2 of cross-attention, SegmentSeqlensFinish) uses.
 struct SideInput {
   TensorView ids;
   TensorView pos;  // data == nullptr when positions are not read
   int64_t n = 0;   // T of this side
   bool ids_aligned = false;
   bool pos_aligned = false;
+  void* ids_snap = nullptr;
+  void* pos_snap = nullptr;  // null when positions are not read
 };
 
 // Staging of one side in the workspace ([B][NS], [B][NS+1], ...).
@@ -62,6 +71,7 @@ struct RowParams {
   SideInput in[2];
   SideStage stage[2];
   int sides = 1;
+  int64_t batch = 0;
   int64_t ns = 0;
   AttnMaskType mask = AttnMaskType::kPadding;
   bool read_pos = false;
@@ -95,57 +105,8 @@ struct WriteParams {
   int64_t row_length[2] = {0, 0};
 };
 
-// Workspace layout (byte offsets from ws.data); `total` is SIZE_MAX when the
-// sizes overflow.
-struct Layout {
-  int64_t batch = 0;
-  int64_t ns = 0;
-  int sides = 1;
-  bool packed[2] = {false, false};
-  size_t seqlen[2] = {0, 0}, offset[2] = {0, 0}, cum[2] = {0, 0};
-  size_t totals[2] = {0, 0}, bases[2] = {0, 0};
-  size_t agg = 0;
-  size_t agg_smem_bytes = 0;
-  bool agg_in_smem = true;
-  size_t total = 0;
-
-  static Layout For(const SegmentSeqlensArgs& args) {
-    Layout l;
-    l.batch = args.segment_ids_q.shape[0];
-    l.ns = args.max_segments;
-    l.sides = args.segment_ids_kv.has_value() ? 2 : 1;
-    l.packed[0] = args.q.packed.has_value();
-    l.packed[1] = l.sides == 2 && args.kv->packed.has_value();
-    bool ok = true;
-    size_t off = kDeviceStatusBytes;
-    auto take = [&](int64_t count, size_t elem) {
-      const size_t at = off;
-      size_t bytes = 0;
-      ok = ok && count >= 0 &&
-           !__builtin_mul_overflow(static_cast<size_t>(count), elem, &bytes) &&
-           !__builtin_add_overflow(off, AlignWorkspace(bytes), &off) && bytes < SIZE_MAX - 256;
-      return at;
-    };
-    const int64_t b = l.batch;
-    const int64_t ns1 = l.ns + 1;
-    for (int s = 0; s < l.sides; ++s) {
-      l.seqlen[s] = take(b * l.ns, sizeof(int32_t));  // B*(NS+1) < 2^62 by validation
-      l.offset[s] = take(b * ns1, sizeof(int32_t));
-      if (l.packed[s]) {
-        l.cum[s] = take(b * l.ns, sizeof(int32_t));
-        l.totals[s] = take(b, sizeof(RowTotals));
-        l.bases[s] = take(b + 1, sizeof(RowTotals));
-      }
-    }
-    if (l.sides == 2) {
-      l.agg_smem_bytes = static_cast<size_t>(2 * ns1) * sizeof(DevAgg);
-      l.agg_in_smem = l.agg_smem_bytes <= kMaxAggSmemBytes;
-      if (!l.agg_in_smem) l.agg = take(b * 2 * ns1, sizeof(DevAgg));
-    }
-    l.total = ok ? off : SIZE_MAX;
-    return l;
-  }
-};
+// Workspace layout: SegmentSeqlensLayout (workspace_layout.h).
+using Layout = SegmentLayout;
 
 inline bool ElementAligned(const TensorView& v) {
   return reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(v.elem_size()) == 0;
@@ -171,9 +132,10 @@ inline SideStage MakeStage(const Layout& l, Workspace ws, int s) {
 inline RowParams MakeRowParams(const SegmentSeqlensArgs& args, const Layout& l, Workspace ws) {
   RowParams p;
   p.sides = l.sides;
+  p.batch = l.batch;
   p.ns = l.ns;
   p.mask = args.mask;
-  p.read_pos = SegmentMaskNeedsPositions(l.sides == 2, args.mask);
+  p.read_pos = l.read_pos;
   p.agg_in_smem = l.agg_in_smem;
   p.agg_global = l.agg_in_smem ? nullptr : At<DevAgg>(ws, l.agg);
   p.ws = ws;
@@ -182,13 +144,19 @@ inline RowParams MakeRowParams(const SegmentSeqlensArgs& args, const Layout& l, 
     in.ids = s == 0 ? args.segment_ids_q : *args.segment_ids_kv;
     in.n = in.ids.shape[1];
     in.ids_aligned = ElementAligned(in.ids);
+    in.ids_snap = At<char>(ws, l.ids[s]);
     if (p.read_pos) {
       in.pos = s == 0 ? *args.segment_pos_q : *args.segment_pos_kv;
       in.pos_aligned = ElementAligned(in.pos);
+      in.pos_snap = At<char>(ws, l.pos[s]);
     }
     p.stage[s] = MakeStage(l, ws, s);
   }
   return p;
+}
+
+inline unsigned RowGrid(const Layout& l) {
+  return static_cast<unsigned>(l.batch < kMaxRowBlocks ? l.batch : kMaxRowBlocks);
 }
 
 inline ScanParams MakeScanParams(const Layout& l, Workspace ws) {
@@ -275,12 +243,37 @@ struct RunningPrefix {
   }
 };
 
-__device__ __forceinline__ long long LoadIdx(const TensorView& v, int64_t off, bool aligned) {
+// One element of a client view, loaded exactly once: volatile, so the
+// compiler can neither repeat the load (and validate one value but store
+// another in the snapshot) nor serve it from a read-only cache line.
+__device__ __forceinline__ long long LoadClientIdx(const TensorView& v, int64_t off,
+                                                   bool aligned) {
+  const bool wide = v.dtype == DType::kInt64;
   if (aligned) {
-    if (v.dtype == DType::kInt64) return __ldg(static_cast<const long long*>(v.data) + off);
-    return __ldg(static_cast<const int*>(v.data) + off);
+    if (wide) return *(static_cast<const volatile long long*>(v.data) + off);
+    return *(static_cast<const volatile int*>(v.data) + off);
   }
-  return LoadIndex(v, off);
+  const volatile unsigned char* p =
+      static_cast<const volatile unsigned char*>(v.data) + off * (wide ? 8 : 4);
+  unsigned long long x = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (k < 4 || wide) x |= static_cast<unsigned long long>(p[k]) << (8 * k);
+  }
+  return wide ? static_cast<long long>(x) : static_cast<long long>(static_cast<int>(x));
+}
+
+// Snapshot element `i` ([B][T] row-major, the view's dtype).
+__device__ __forceinline__ long long LoadSnap(const void* snap, DType dtype, int64_t i) {
+  if (dtype == DType::kInt64) return static_cast<const long long*>(snap)[i];
+  return static_cast<const int*>(snap)[i];
+}
+__device__ __forceinline__ void StoreSnap(void* snap, DType dtype, int64_t i, long long value) {
+  if (dtype == DType::kInt64) {
+    static_cast<long long*>(snap)[i] = value;
+  } else {
+    static_cast<int*>(snap)[i] = static_cast<int>(value);
+  }
 }
 
 __device__ __forceinline__ void Store32(const TensorView& v, int64_t off, long long value) {
@@ -362,6 +355,7 @@ __device__ void ScanSide(const RowParams& p, int s, int64_t row, DevAgg* mine,
   const bool need_pos = p.read_pos;  // cross-attention with a causal mask only
   const int64_t id_row = row * in.ids.strides[0];
   const int64_t pos_row = need_pos ? row * in.pos.strides[0] : 0;
+  const int64_t snap_row = row * n;
   int32_t* bins = st.seqlen + row * ns;
   int32_t* offsets = st.offset + row * (ns + 1);
   RunningPrefix<long long, MaxOp> max_prefix{0};
@@ -373,13 +367,32 @@ __device__ void ScanSide(const RowParams& p, int s, int64_t row, DevAgg* mine,
     long long id[kItems];
     long long pos[kItems];
     long long kept[kItems];
+    if (kMode != kKeep) {
+      // Pass 1: the only read of the client's ids (and positions); the values
+      // validated below are the values stored in the snapshot.
 #pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      const int64_t t = t0 + i;
-      id[i] = t < n ? LoadIdx(in.ids, id_row + t * in.ids.strides[1], in.ids_aligned) : 0;
-      pos[i] = (need_pos && t < n && id[i] != 0)
-                   ? LoadIdx(in.pos, pos_row + t * in.pos.strides[1], in.pos_aligned)
-                   : 0;
+      for (int i = 0; i < kItems; ++i) {
+        const int64_t t = t0 + i;
+        id[i] = t < n ? LoadClientIdx(in.ids, id_row + t * in.ids.strides[1], in.ids_aligned) : 0;
+        pos[i] = (need_pos && t < n && id[i] != 0)
+                     ? LoadClientIdx(in.pos, pos_row + t * in.pos.strides[1], in.pos_aligned)
+                     : 0;
+        if (t < n) {
+          StoreSnap(in.ids_snap, in.ids.dtype, snap_row + t, id[i]);
+          if (need_pos) StoreSnap(in.pos_snap, in.pos.dtype, snap_row + t, pos[i]);
+        }
+      }
+    } else {
+      // Pass 2 (cross-attention): the snapshot this thread wrote in pass 1
+      // (same tile arrangement, so the same thread: program order).
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const int64_t t = t0 + i;
+        id[i] = t < n ? LoadSnap(in.ids_snap, in.ids.dtype, snap_row + t) : 0;
+        pos[i] = (need_pos && t < n && id[i] != 0)
+                     ? LoadSnap(in.pos_snap, in.pos.dtype, snap_row + t)
+                     : 0;
+      }
     }
     if (kMode != kKeep) {  // validation (and aggregates)
       int heads[kItems];
@@ -425,6 +438,10 @@ __device__ void ScanSide(const RowParams& p, int s, int64_t row, DevAgg* mine,
         if (t0 + i >= n || v < 1 || v > ns) continue;
         if (kMode == kSelf) {
           kept[i] = v;
+        } else if (pos[i] < 0) {
+          // Only on data pass 1 flagged (no output is written): keeps the
+          // keep predicate's no-overflow premise (pos >= 0) for any input.
+          kept[i] = 0;
         } else {
           const SegmentAgg a = ToAgg(mine[v]);
           const SegmentAgg b = ToAgg(other[v]);

@@ -1,7 +1,7 @@
 // Block-wide radix select and in-order compaction, shared by the CUDA
 // TopKTokens (16/32-bit score keys) and SampleTokens (64-bit Philox keys).
-// Device code only (include from .cu files). Also the index I/O helpers of
-// the three ops (LoadId / StoreId / StoreI32).
+// Device code only (include from .cu files). The index I/O helpers of the
+// three ops (LoadId / StoreId / StoreI32) are in view_access.cuh.
 //
 // One thread block handles one row of n keys. The keys are not stored: a
 // KeyFn recomputes them on every pass (TopK reloads the scores, which stay in
@@ -24,87 +24,26 @@
 // when the whole bucket is taken, exactly like the CPU RadixSelect.
 // BlockEmitSelected: one pass over the row in tiles of kThreads*kItems
 // positions; a BlockScan of the packed pair (#keys == T, #keys > T) gives
-// every position its output slot:
+// every position its output slot (EmitSlot, emit_slot.h):
 //   slot = gt_before + min(eq_before, ties),
-//   taken = key > T || (key == T && eq_before < ties).
+//   taken = (key > T || (key == T && eq_before < ties)) && slot < r.
+// The emission reads every key exactly once (the scan and the decision use
+// the same registers), so slots are distinct; `slot < r` keeps the writes in
+// the row even when the keys changed since the threshold passes (TopK
+// re-reads client scores on every pass; a racing client then gets a wrong
+// but in-bounds selection, never a write past the row).
 #ifndef TOKENSEL_KERNELS_CUDA_SELECT_CUH_
 #define TOKENSEL_KERNELS_CUDA_SELECT_CUH_
 
 #include <cstdint>
 #include <cub/cub.cuh>
 
+#include "kernels/cuda/emit_slot.h"
+#include "kernels/cuda/view_access.cuh"
 #include "kernels/select.h"
 #include "kernels/tensor_view.h"
 
 namespace tokensel::kernels::cuda {
-
-// Index element I/O for the CUDA ops: `aligned` (uniform, computed on the
-// host: base pointer aligned to the element size; strides are in elements so
-// then every element is) selects a plain load/store, otherwise the
-// byte-wise LoadIndex/StoreIndex of tensor_view.h (views may be unaligned).
-__device__ __forceinline__ int64_t LoadId(const TensorView& v, int64_t offset, bool aligned) {
-  if (!aligned) return LoadIndex(v, offset);
-  if (v.dtype == DType::kInt64) return static_cast<const int64_t*>(v.data)[offset];
-  return static_cast<const int32_t*>(v.data)[offset];
-}
-__device__ __forceinline__ void StoreId(const TensorView& v, int64_t offset, int64_t value,
-                                        bool aligned) {
-  if (!aligned) return StoreIndex(v, offset, value);
-  if (v.dtype == DType::kInt64) {
-    static_cast<int64_t*>(v.data)[offset] = value;
-  } else {
-    static_cast<int32_t*>(v.data)[offset] = static_cast<int32_t>(value);
-  }
-}
-// Device forms of the view index math of tensor_view.h (RowOffset, the
-// last stride): the same row-major unravel, but with a
-// constant trip count (kMaxRank) so the loops unroll and the view's arrays
-// are read straight from the kernel parameters. A loop bounded by the
-// run-time rank indexes them dynamically and makes nvcc copy the view to
-// local memory (a 112-byte stack frame per view).
-__device__ __forceinline__ int64_t ViewDim(const int64_t (&a)[kMaxRank], int d) {
-  int64_t x = a[0];
-#pragma unroll
-  for (int i = 1; i < kMaxRank; ++i) x = i == d ? a[i] : x;
-  return x;
-}
-__device__ __forceinline__ int64_t LastStride(const TensorView& v) {
-  return ViewDim(v.strides, v.rank - 1);
-}
-// q = a / n, returns a % n. Inline 32-bit division when both fit (always in
-// practice); the 64-bit division is a called subroutine whose ABI makes ptxas
-// spill registers around the call sites in some kernels.
-__device__ __forceinline__ int64_t DivMod(int64_t a, int64_t n, int64_t* q) {
-  if (((static_cast<uint64_t>(a) | static_cast<uint64_t>(n)) >> 32) == 0) {
-    const uint32_t a32 = static_cast<uint32_t>(a), n32 = static_cast<uint32_t>(n);
-    const uint32_t q32 = a32 / n32;
-    *q = q32;
-    return a32 - q32 * n32;
-  }
-  *q = a / n;
-  return a - *q * n;
-}
-__device__ __forceinline__ int64_t DeviceRowOffset(const TensorView& v, int64_t row) {
-  int64_t offset = 0;
-#pragma unroll
-  for (int d = kMaxRank - 2; d >= 0; --d) {
-    if (d <= v.rank - 2) offset += DivMod(row, v.shape[d], &row) * v.strides[d];
-  }
-  return offset;
-}
-
-// Host side: true when every element of `v` is naturally aligned.
-inline bool ElementsAligned(const TensorView& v) {
-  return reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(v.elem_size()) == 0;
-}
-// int32 element (inverse maps).
-__device__ __forceinline__ void StoreI32(void* base, int64_t offset, int32_t value, bool aligned) {
-  if (aligned) {
-    static_cast<int32_t*>(base)[offset] = value;
-  } else {
-    memcpy(static_cast<char*>(base) + offset * 4, &value, sizeof(value));
-  }
-}
 
 // The keys taken are every key > key plus the first `ties` keys == key.
 template <typename K>
@@ -150,6 +89,14 @@ __device__ BlockThreshold<K> BlockSelectThreshold(const KeyFn& key_of, int64_t n
   uint32_t need = static_cast<uint32_t>(r);
   for (int shift = kBits - kSelectDigitBits;; shift -= kSelectDigitBits) {
     if (tid < kSelectBuckets) sh.hist[tid] = 0;
+    // Defaults for a pass where no bucket reaches `need`: impossible when every
+    // pass sees the same keys, possible when a client rewrites its scores
+    // between passes (TopK); the emission's slot < r bound keeps that safe.
+    if (tid == 0) {
+      sh.bucket = 0;
+      sh.need = need;
+      sh.whole = 1;
+    }
     __syncthreads();
     for (int64_t first = int64_t{tid} * kItems; first < n; first += kTile) {
       K keys[kItems];
@@ -217,8 +164,11 @@ __device__ void BlockEmitSelected(const KeyFn& key_of, int64_t n, int64_t r,
       const int64_t eq = static_cast<int64_t>(before >> 32);
       const bool is_gt = keys[j] > t.key;
       const bool is_eq = keys[j] == t.key;
-      if (is_gt || (is_eq && eq < t.ties)) {
-        emit(first + j, gt + (eq < t.ties ? eq : t.ties));
+      // Bounded by r (emit_slot.h): keys read again here may differ from the
+      // ones that set t, and no slot may leave the output row.
+      const int64_t slot = EmitSlot(is_gt, is_eq, gt, eq, t.ties, r);
+      if (slot >= 0) {
+        emit(first + j, slot);
       } else {
         skip(first + j);
       }

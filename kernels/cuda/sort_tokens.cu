@@ -1,22 +1,28 @@
 // CUDA SortTokens: comparison-free bitmap sort, any S (contract: ops.h,
 // cuda_ops.h; CPU twin: kernels/cpu/sort_tokens.cc; math: sort_math.h).
 //
-// Workspace (SortTokensWorkspaceBytes):
+// Workspace (SortTokensLayout, workspace_layout.h):
 //   [status block 256 B][bitmaps: rows * BitmapWords(S) uint64]
 //   and, when a row spans several chunks of kChunkBits ids:
 //   [chunk ranks: rows * chunks int64]
+//   [snapshot of ids: rows * R, their dtype]
 //
 // Launches, in stream order:
 //   1. cudaMemsetAsync of the status block and the bitmaps (one call).
-//   2. SortMarkKernel, grid-stride over all rows*R ids: id out of range or
-//      negative, or its bit already set (atomicOr returns the old word) ->
-//      SetInvalid(ws, linear index). Reads ids once; writes only the bitmap.
-//   3. (chunks > 1) SortCountKernel, one block per (row, chunk): popcount of
+//   2. SnapshotKernel (snapshot.cuh): the only read of the client's ids, into
+//      the workspace. (SortMarkKernel alone read each id once, but the error
+//      path of Finish re-read the client tensor: a client that changed it
+//      meanwhile got a message about other data, or INTERNAL when the CPU
+//      oracle found nothing wrong. Both now read the snapshot.)
+//   3. SortMarkKernel, grid-stride over all rows*R snapshot ids: id out of
+//      range or negative, or its bit already set (atomicOr returns the old
+//      word) -> SetInvalid(ws, linear index). Writes only the bitmap.
+//   4. (chunks > 1) SortCountKernel, one block per (row, chunk): popcount of
 //      the chunk; SortRowScanKernel, one block per row: exclusive
 //      cub::BlockScan (running prefix over tiles) of the row's chunk counts =
 //      the rank of each chunk's lowest id. (Not cub::DeviceScan: its kernel
 //      spills 4 bytes on sm_80 with 64-bit counts.)
-//   4. SortWriteKernel<kWalk, kInverse>, one block per (row, chunk), returns
+//   5. SortWriteKernel<kWalk, kInverse>, one block per (row, chunk), returns
 //      at once when the status word is set. Per chunk: each thread loads 4
 //      bitmap words, a cub::BlockScan of their popcounts gives every word's
 //      rank; id v is written at rank popcount(bitmap[0..v)). With an inverse,
@@ -24,8 +30,11 @@
 //      order (coalesced int32 stores of rank or -1; out[rank] = position for
 //      set bits); a sparse row without inverse has each thread emit the set
 //      bits of its words (ctz loop), O(S/64 + R).
-// In place is safe: step 2 reads every id before step 4 (a later launch)
-// writes any. On invalid data only the workspace has been written.
+// In place is safe: step 2 reads every id before step 5 (a later launch)
+// writes any. On invalid data only the workspace has been written. Every
+// address the write kernel forms comes from the bitmap (server memory): a
+// row's bitmap holds at most R bits once the mark kernel accepted it, so
+// ranks stay below R.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,8 +47,10 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/select.cuh"
+#include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/view_access.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/ops.h"
 #include "kernels/sort_math.h"
 
@@ -56,45 +67,7 @@ constexpr int kMarkThreads = 256;
 constexpr int64_t kDenseIdsPerWord = 8;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;  // grid-stride loops cover the rest
 
-struct SortLayout {
-  int64_t rows = 0;
-  int64_t r = 0;
-  int64_t words = 0;   // bitmap words per row
-  int64_t chunks = 0;  // chunks per row
-  size_t bitmap_bytes = 0;
-  size_t counts_bytes = 0;  // 0 when chunks == 1
-  size_t total = 0;
-};
-
-constexpr size_t kTooLarge = std::numeric_limits<size_t>::max();
-
-size_t MulBytes(int64_t a, int64_t b) {
-  uint64_t product = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(a), static_cast<uint64_t>(b), &product) ||
-      product > kTooLarge / 2) {
-    return kTooLarge / 2;
-  }
-  return AlignWorkspace(static_cast<size_t>(product));
-}
-
-SortLayout Layout(const SortTokensArgs& args) {
-  SortLayout l;
-  if (args.ids.rank < 1 || args.ids.rank > kMaxRank || args.original_tokens < 1) {
-    l.total = kDeviceStatusBytes;  // invalid metadata: Async rejects it before any use
-    return l;
-  }
-  l.rows = args.ids.NumRows();
-  l.r = args.ids.shape[args.ids.rank - 1];
-  l.words = BitmapWords(args.original_tokens);
-  l.chunks = (l.words + kChunkWords - 1) / kChunkWords;
-  l.bitmap_bytes = MulBytes(l.rows, l.words * 8);
-  if (l.chunks > 1 && l.rows > 0) {
-    l.counts_bytes = MulBytes(l.rows, l.chunks * 8);
-  }
-  l.total = kDeviceStatusBytes + l.bitmap_bytes + l.counts_bytes;
-  if (l.total < l.bitmap_bytes) l.total = kTooLarge;
-  return l;
-}
+static_assert(kChunkWords == kSortChunkWords, "workspace_layout.h sizes the chunk ranks");
 
 unsigned Blocks(int64_t work, int64_t per_block) {
   const int64_t blocks = (work + per_block - 1) / per_block;
@@ -233,27 +206,28 @@ __global__ void __launch_bounds__(kSortThreads)
 
 }  // namespace
 
-size_t SortTokensWorkspaceBytes(const SortTokensArgs& args) { return Layout(args).total; }
+size_t SortTokensWorkspaceBytes(const SortTokensArgs& args) { return SortTokensLayout(args).total; }
 
 absl::Status SortTokensAsync(const SortTokensArgs& args, Workspace ws, Stream stream) {
   RETURN_IF_ERROR(ValidateSortTokens(args));
-  const SortLayout l = Layout(args);
+  const SortLayout l = SortTokensLayout(args);
   RETURN_IF_ERROR(CheckWorkspace(ws, l.total, "SortTokens"));
   // The status block and the bitmaps are contiguous: one memset clears both.
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws.data, 0, kDeviceStatusBytes + l.bitmap_bytes, stream));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws.data, 0, l.bitmaps + l.bitmap_bytes, stream));
   if (l.rows == 0) return absl::OkStatus();
   const int64_t s = args.original_tokens;
-  char* scratch = static_cast<char*>(WorkspaceScratch(ws));
-  auto* bitmaps = reinterpret_cast<unsigned long long*>(scratch);
+  auto* bitmaps = static_cast<unsigned long long*>(SectionAt(ws, l.bitmaps));
+  const TensorView ids = SnapshotView(args.ids, SectionAt(ws, l.snapshot));
+  RETURN_IF_ERROR(LaunchSnapshot(args.ids, ids.data, stream));
   const int64_t total = l.rows * l.r;
   SortMarkKernel<<<Blocks(total, kMarkThreads), kMarkThreads, 0, stream>>>(
-      args.ids, total, l.r, s, l.words, bitmaps, ElementsAligned(args.ids), ws);
+      ids, total, l.r, s, l.words, bitmaps, /*aligned=*/true, ws);
   CUDA_RETURN_IF_LAUNCH_ERROR("SortMarkKernel");
 
   const int64_t items = l.rows * l.chunks;
   long long* ranks = nullptr;
   if (l.chunks > 1) {
-    ranks = reinterpret_cast<long long*>(scratch + l.bitmap_bytes);
+    ranks = static_cast<long long*>(SectionAt(ws, l.ranks));
     SortCountKernel<<<Blocks(items, 1), kSortThreads, 0, stream>>>(bitmaps, l.words, l.chunks,
                                                                    items, ranks, ws);
     CUDA_RETURN_IF_LAUNCH_ERROR("SortCountKernel");
@@ -278,7 +252,11 @@ absl::Status SortTokensAsync(const SortTokensArgs& args, Workspace ws, Stream st
 }
 
 absl::Status SortTokensFinish(const SortTokensArgs& args, Workspace ws, Stream stream) {
+  // The message is computed from the snapshot the device validated. With
+  // out == ids (in place) host.ids now differs from host.out: the CPU op then
+  // validates them as separate views, which they are.
   SortTokensArgs host = args;
+  host.ids = SnapshotView(args.ids, SectionAt(ws, SortTokensLayout(args).snapshot));
   std::vector<TensorView*> scratch;
   if (host.out.has_value()) scratch.push_back(&*host.out);
   if (host.inverse.has_value()) scratch.push_back(&*host.inverse);

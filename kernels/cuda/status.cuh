@@ -14,13 +14,17 @@
 //           RETURN_IF_ERROR(CheckWorkspace(ws, <Op>WorkspaceBytes(args), "<Op>"));
 //           RETURN_IF_ERROR(ResetStatusAsync(ws, stream));   // ALWAYS, even
 //               // when there is nothing to do, so Finish never sees a stale word
+//           LaunchSnapshot(args.indices, ...)   // client data read once
 //           validate kernel(s): SetInvalid(ws[, position]) on bad data
 //           write kernel(s):    if (IsInvalid(ws)) return;  ... write ...
 //   Finish: <Op>Args host = args;
+//           host.indices = SnapshotView(args.indices, <snapshot section>);
 //           return FinishWithCpuOracle(ws, stream, "<Op>",
 //               {&host.indices},             // read by the CPU op: copied
 //               {&host.activations, &host.out},  // only need host memory
 //               [&] { return cpu::<Op>(host, nullptr); });
+//   (snapshot.cuh, workspace_layout.h: the validated data lives in the
+//   workspace, so the message describes it, whatever the client wrote since.)
 //
 // Device functions are available when compiled by nvcc; the host helpers are
 // plain C++ (defined in status.cu).

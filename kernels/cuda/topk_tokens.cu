@@ -10,7 +10,10 @@
 //     whole bucket is taken;
 //   - BlockEmitSelected: in-order compaction (block scan of the packed
 //     (#ties, #greater) pair), ids[slot] = position, stopping after the tile
-//     that fills the R-th slot.
+//     that fills the R-th slot. Every slot is bounded by R (emit_slot.h): the
+//     scores are client memory read again on every pass, and a client that
+//     rewrites them mid-op gets a wrong but in-bounds selection (some slots
+//     unwritten), never a write past its row.
 // The result is the unique "R largest keys, ties to the lower position" set in
 // ascending position order, so it equals the CPU output exactly.
 // TopKTokens has no data errors: the status word is only reset (Finish reads

@@ -1,0 +1,127 @@
+// Workspace layouts of the CUDA ops (contracts: workspace_layout.h).
+#include "kernels/cuda/workspace_layout.h"
+
+#include "kernels/gather_math.h"
+#include "kernels/segment_math.h"
+#include "kernels/sort_math.h"
+
+namespace tokensel::kernels::cuda {
+
+size_t WorkspaceLayout::Add(std::initializer_list<int64_t> factors) {
+  const size_t at = end_;
+  uint64_t bytes = 1;
+  for (const int64_t f : factors) {
+    if (f < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(f), &bytes)) {
+      overflow_ = true;
+      return at;
+    }
+  }
+  // Round up to 256 and append, staying at or below kWorkspaceTooLarge
+  // (end_ <= kWorkspaceTooLarge always holds, so the subtraction is safe).
+  if (bytes > kWorkspaceTooLarge) {
+    overflow_ = true;
+    return at;
+  }
+  const size_t rounded = (static_cast<size_t>(bytes) + 255) & ~size_t{255};
+  if (rounded > kWorkspaceTooLarge - end_) {
+    overflow_ = true;
+    return at;
+  }
+  end_ += rounded;
+  return at;
+}
+
+TensorView SnapshotView(const TensorView& v, void* data) {
+  return TensorView::Contiguous(data, v.dtype,
+                                absl::Span<const int64_t>(v.shape, static_cast<size_t>(v.rank)));
+}
+
+namespace {
+
+int64_t Elements(const TensorView& v) { return v.NumElements(); }
+
+}  // namespace
+
+IndexOpLayout GatherTokensLayout(const GatherTokensArgs& args) {
+  IndexOpLayout l;
+  if (!ValidateGatherTokens(args).ok()) return l;
+  WorkspaceLayout w;
+  l.snapshot = w.Add({Elements(args.indices), args.indices.elem_size()});
+  l.total = w.total();
+  return l;
+}
+
+IndexOpLayout ScatterTokensLayout(const ScatterTokensArgs& args) {
+  IndexOpLayout l;
+  if (!ValidateScatterTokens(args).ok()) return l;
+  const TokenDims d = GetTokenDims(args.all, args.indices, args.batch_first);
+  WorkspaceLayout w;
+  l.snapshot = w.Add({Elements(args.indices), args.indices.elem_size()});
+  l.bitmap = w.Add({d.batch, BitmapWordsPerRow(d.seq), 4});
+  l.total = w.total();
+  return l;
+}
+
+IndexOpLayout GatherBertMaskLayout(const GatherBertMaskArgs& args) {
+  IndexOpLayout l;
+  if (!ValidateGatherBertMask(args).ok()) return l;
+  WorkspaceLayout w;
+  l.snapshot = w.Add({Elements(args.indices), args.indices.elem_size()});
+  l.total = w.total();
+  return l;
+}
+
+SortLayout SortTokensLayout(const SortTokensArgs& args) {
+  SortLayout l;
+  if (!ValidateSortTokens(args).ok()) return l;
+  l.rows = args.ids.NumRows();
+  l.r = args.ids.shape[args.ids.rank - 1];
+  l.words = BitmapWords(args.original_tokens);  // S <= INT32_MAX: no overflow
+  l.chunks = (l.words + kSortChunkWords - 1) / kSortChunkWords;
+  WorkspaceLayout w;
+  l.bitmaps = w.Add({l.rows, l.words, 8});
+  l.bitmap_bytes = w.total() - l.bitmaps;
+  if (l.chunks > 1 && l.rows > 0) l.ranks = w.Add({l.rows, l.chunks, 8});
+  l.snapshot = w.Add({Elements(args.ids), args.ids.elem_size()});
+  l.total = w.total();
+  return l;
+}
+
+SegmentLayout SegmentSeqlensLayout(const SegmentSeqlensArgs& args) {
+  SegmentLayout l;
+  if (!ValidateSegmentSeqlens(args).ok()) return l;
+  l.batch = args.segment_ids_q.shape[0];
+  l.ns = args.max_segments;
+  l.sides = args.segment_ids_kv.has_value() ? 2 : 1;
+  l.read_pos = SegmentMaskNeedsPositions(l.sides == 2, args.mask);
+  const int64_t b = l.batch;
+  const int64_t ns1 = l.ns + 1;  // NS <= INT32_MAX - 1 by validation
+  WorkspaceLayout w;
+  for (int s = 0; s < l.sides; ++s) {
+    const SegmentSeqlensSide& side = s == 0 ? args.q : *args.kv;
+    const TensorView& ids = s == 0 ? args.segment_ids_q : *args.segment_ids_kv;
+    l.packed[s] = side.packed.has_value();
+    l.row_length[s] = ids.shape[1];
+    l.seqlen[s] = w.Add({b, l.ns, 4});
+    l.offset[s] = w.Add({b, ns1, 4});
+    if (l.packed[s]) {
+      l.cum[s] = w.Add({b, l.ns, 4});
+      l.totals[s] = w.Add({b, static_cast<int64_t>(kSegmentRowTotalsBytes)});
+      l.bases[s] = w.Add({b + 1, static_cast<int64_t>(kSegmentRowTotalsBytes)});
+    }
+    l.ids[s] = w.Add({b, ids.shape[1], ids.elem_size()});
+    if (l.read_pos) {
+      const TensorView& pos = s == 0 ? *args.segment_pos_q : *args.segment_pos_kv;
+      l.pos[s] = w.Add({b, pos.shape[1], pos.elem_size()});
+    }
+  }
+  if (l.sides == 2) {
+    l.agg_smem_bytes = static_cast<size_t>(2 * ns1) * kSegmentAggBytes;
+    l.agg_in_smem = l.agg_smem_bytes <= kSegmentMaxAggSmemBytes;
+    if (!l.agg_in_smem) l.agg = w.Add({b, 2, ns1, static_cast<int64_t>(kSegmentAggBytes)});
+  }
+  l.total = w.total();
+  return l;
+}
+
+}  // namespace tokensel::kernels::cuda
