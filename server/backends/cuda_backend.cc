@@ -107,6 +107,13 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     lease.stream = s;
   }
   if (lease.ws.data == nullptr) {
+    // Rounded up to the granule; a size that would wrap is refused (the
+    // kernels cap their sizes at SIZE_MAX / 2, this keeps it so).
+    if (workspace_bytes > SIZE_MAX - kWorkspaceGranule) {
+      Release(lease);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda backend: a workspace of ", workspace_bytes, " bytes"));
+    }
     const size_t bytes = (workspace_bytes + kWorkspaceGranule - 1) / kWorkspaceGranule *
                          kWorkspaceGranule;
     void* p = nullptr;
