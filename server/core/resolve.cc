@@ -11,6 +11,10 @@
 namespace tokensel::core {
 namespace {
 
+// What a view points at in measure mode: non-null (shape checks insist on
+// data for non-empty views), never dereferenced (nothing runs).
+char measure_sentinel;
+
 using kernels::DType;
 using kernels::TensorView;
 
@@ -187,7 +191,9 @@ absl::StatusOr<TensorView> Resolver::Output(const std::optional<TensorSpec>& spe
   }
   ASSIGN_OR_RETURN(uint64_t bytes, RowMajorBytes(derived.dtype, derived.shape, field));
   RETURN_IF_ERROR(ReserveInline(field, bytes));
-  if (measure_only_) return TensorView::Contiguous(nullptr, derived.dtype, derived.shape);
+  if (measure_only_) {
+    return TensorView::Contiguous(&measure_sentinel, derived.dtype, derived.shape);
+  }
   ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
   pending_.push_back(Pending{std::string(field), derived.dtype, derived.shape, staging, bytes});
   return TensorView::Contiguous(staging->data(), derived.dtype, derived.shape);
@@ -227,7 +233,10 @@ absl::Status Resolver::CheckLostBuffers(BufferRegistry* registry) const {
 
 absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::string_view field) {
   ASSIGN_OR_RETURN(TensorView v, MetadataView(spec, field));
-  if (measure_only_) return v;
+  if (measure_only_) {
+    v.data = &measure_sentinel;
+    return v;
+  }
   ASSIGN_OR_RETURN(kernels::ByteExtent extent, kernels::ComputeExtent(v, field));
   absl::StatusOr<BufferLease> lease = registry_->Acquire(session_, spec.buffer);
   if (!lease.ok()) {
@@ -265,7 +274,10 @@ absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::st
         ShapeString(spec.shape), " x ", kernels::ElementSize(v.dtype), " bytes of ",
         kernels::DTypeName(v.dtype), ")"));
   }
-  if (measure_only_) return v;
+  if (measure_only_) {
+    v.data = &measure_sentinel;
+    return v;
+  }
   ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
   RETURN_IF_ERROR(backend_->CopyToStaging(*staging, spec.inline_data.data(), bytes));
   v.data = staging->data();
