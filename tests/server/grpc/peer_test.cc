@@ -186,16 +186,17 @@ TEST(FdChannelServerTest, RoundTripFromAnotherUidAndServerInfo) {
   EXPECT_EQ(receiver.calls(), 1);
 }
 
-TEST(FdChannelServerTest, NoReceiverNoFdChannel) {
+TEST(FdChannelServerTest, TheServerServesItsOwnFdChannelByDefault) {
   auto s = testing::InProcessServer::Start({});
   ASSERT_OK(s);
   grpc::ClientContext ctx;
   v1::ServerInfo info;
   ASSERT_TRUE((*s)->stub().GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
-  EXPECT_FALSE(info.fd_channel());
+  EXPECT_TRUE(info.fd_channel());
   const std::string path = (*s)->address().substr(std::string("unix://").size());
   struct stat st;
-  EXPECT_NE(::lstat(FdChannelPath(path).c_str(), &st), 0);
+  ASSERT_EQ(::lstat(FdChannelPath(path).c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "tests/server/grpc/grpc_test_util.h"
+#include "tokensel/client/fd_channel.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::server {
@@ -183,23 +184,25 @@ TEST(ServerTest, BadOpInputIsInvalidArgumentAndNothingBreaks) {
 class ShmObject {
  public:
   explicit ShmObject(size_t size) : name_(absl::StrCat("/tokensel-s3test-", ::getpid())), size_(size) {
-    const int fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_GE(fd, 0) << std::strerror(errno);
-    EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
-    data_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
+    fd_ = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    EXPECT_GE(fd_, 0) << std::strerror(errno);
+    EXPECT_EQ(::ftruncate(fd_, static_cast<off_t>(size)), 0);
+    data_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   }
   ~ShmObject() {
     ::munmap(data_, size_);
+    ::close(fd_);
     ::shm_unlink(name_.c_str());
   }
   const std::string& name() const { return name_; }
+  int fd() const { return fd_; }
   char* data() const { return static_cast<char*>(data_); }
 
  private:
   std::string name_;
   size_t size_;
   void* data_;
+  int fd_ = -1;
 };
 
 TEST(ServerTest, BuffersRegisterGatherByReferenceAndUnregister) {
@@ -213,16 +216,33 @@ TEST(ServerTest, BuffersRegisterGatherByReferenceAndUnregister) {
   std::memcpy(shm.data() + kIdxOffset, g.idx.data(), g.idx.size() * sizeof(int32_t));
 
   {
+    // By name: refused (the server would open it with its own rights).
     v1::RegisterBufferRequest req;
     req.set_name("arena");
     req.mutable_host_shm()->set_shm_name(shm.name());
     req.mutable_host_shm()->set_size(4096);
     auto ctx = InProcessServer::Context(session);
     v1::RegisterBufferResponse response;
-    ASSERT_OK(ToAbsl(s->stub().RegisterBuffer(ctx.get(), req, &response)));
+    EXPECT_THAT(ToAbsl(s->stub().RegisterBuffer(ctx.get(), req, &response)),
+                StatusIs(absl::StatusCode::kPermissionDenied, "registration by name is refused"));
+    // By descriptor, over the fd channel beside the socket.
+    absl::StatusOr<v1::FdChannelReply> reply = client::SendFd(
+        client::FdChannelPath(s->address()), session, v1::FD_KIND_HOST_MEMORY, shm.fd());
+    ASSERT_OK(reply);
+    EXPECT_EQ(reply->object_size(), 4096u);
+    EXPECT_FALSE(reply->sealed());
+    req.mutable_fd()->set_ticket(reply->ticket());
+    req.mutable_fd()->set_size(4096);
+    auto ctx2 = InProcessServer::Context(session);
+    ASSERT_OK(ToAbsl(s->stub().RegisterBuffer(ctx2.get(), req, &response)));
     EXPECT_EQ(response.buffer().name(), "arena");
     EXPECT_EQ(response.buffer().kind(), "host_shm");
     EXPECT_EQ(response.buffer().size(), 4096u);
+    // A ticket is good once.
+    auto ctx3 = InProcessServer::Context(session);
+    req.set_name("again");
+    EXPECT_THAT(ToAbsl(s->stub().RegisterBuffer(ctx3.get(), req, &response)),
+                StatusIs(absl::StatusCode::kNotFound, "fd.ticket"));
   }
   {
     auto ctx = InProcessServer::Context(session);
