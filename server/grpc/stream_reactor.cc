@@ -49,6 +49,12 @@ void StreamReactor::Begin() {
     FinishNow(status);
     return;
   }
+  if (owns_session_) {
+    // The client learns its stream's session, so that it can hand the
+    // server descriptors for it (the fd channel names sessions).
+    ctx_->AddInitialMetadata(std::string(kSessionMetadataKey), session_);
+    StartSendInitialMetadata();
+  }
   bool read = false;
   {
     absl::MutexLock lock(&mu_);
@@ -203,6 +209,8 @@ void StreamReactor::OnWriteDone(bool ok) {
   if (read) StartRead(&read_);
   if (finish.has_value()) FinishNow(*finish);
 }
+
+void StreamReactor::OnSendInitialMetadataDone(bool) {}
 
 void StreamReactor::OnCancel() {
   std::optional<absl::Status> finish;

@@ -3,7 +3,9 @@
 // Session: the "tokensel-session" metadata if present (renewed, never closed
 // by the stream; unknown -> the stream finishes with NOT_FOUND; another
 // peer's -> PERMISSION_DENIED); otherwise the stream opens its own session
-// (counted against the peer's quota), which ends when the stream does.
+// (counted against the peer's quota), which ends when the stream does, and
+// sends its id in the initial metadata ("tokensel-session"), so that the
+// client can hand descriptors to it on the fd channel.
 // Either way the stream pins the session (SessionManager::Pin): it does not
 // expire while the stream is open, however long the client is quiet. Every
 // request renews it.
@@ -57,6 +59,7 @@ class StreamReactor final
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
+  void OnSendInitialMetadataDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
 

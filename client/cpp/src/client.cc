@@ -45,6 +45,50 @@ int ClampMs(absl::Duration d) {
   return ms > (1 << 30) ? (1 << 30) : static_cast<int>(ms);
 }
 
+// `request` with its host memory turned into an fd channel ticket of
+// `session`: a host_shm name is opened here (with this process's rights),
+// an "fd:<n>" ticket names descriptor n; anything else is returned as is.
+absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
+    const v1::RegisterBufferRequest& request, const std::string& fd_channel_path,
+    const std::string& session, absl::Duration timeout) {
+  int fd = -1;
+  int opened = -1;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  if (request.has_host_shm()) {
+    const v1::HostShm& shm = request.host_shm();
+    opened = shm_open(shm.shm_name().c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (opened < 0) {
+      const int err = errno;
+      const std::string message =
+          absl::StrCat("host_shm.shm_name \"", shm.shm_name(), "\": ", std::strerror(err));
+      if (err == ENOENT) return absl::NotFoundError(message);
+      if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(message);
+      return absl::InvalidArgumentError(message);
+    }
+    fd = opened;
+    offset = shm.offset();
+    size = shm.size();
+  } else if (request.has_fd() && ParseLocalFdTicket(request.fd().ticket()) >= 0) {
+    fd = ParseLocalFdTicket(request.fd().ticket());
+    offset = request.fd().offset();
+    size = request.fd().size();
+  } else {
+    return request;
+  }
+  absl::StatusOr<v1::FdChannelReply> reply =
+      SendFd(fd_channel_path, session, v1::FD_KIND_HOST_MEMORY, fd, timeout);
+  if (opened >= 0) ::close(opened);
+  if (!reply.ok()) return reply.status();
+  v1::RegisterBufferRequest resolved;
+  resolved.set_name(request.name());
+  v1::PassedFd* passed = resolved.mutable_fd();
+  passed->set_ticket(reply->ticket());
+  passed->set_offset(offset);
+  passed->set_size(size);
+  return resolved;
+}
+
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return;
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -149,47 +193,24 @@ absl::Status Client::CloseSession() const {
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterBuffer(
     const v1::RegisterBufferRequest& request) const {
-  if (request.has_host_shm()) {
-    // Opened here, with this process's rights, never by the server.
-    const v1::HostShm& shm = request.host_shm();
-    const int fd = shm_open(shm.shm_name().c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) {
-      const int err = errno;
-      const std::string message =
-          absl::StrCat("host_shm.shm_name \"", shm.shm_name(), "\": ", std::strerror(err));
-      if (err == ENOENT) return absl::NotFoundError(message);
-      if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(message);
-      return absl::InvalidArgumentError(message);
-    }
-    absl::StatusOr<v1::BufferInfo> info = RegisterFd(request.name(), fd, shm.offset(), shm.size());
-    ::close(fd);
-    return info;
-  }
-  if (request.has_fd()) {
-    const int local = ParseLocalFdTicket(request.fd().ticket());
-    if (local >= 0) return RegisterFd(request.name(), local, request.fd().offset(), request.fd().size());
-  }
+  absl::StatusOr<v1::RegisterBufferRequest> resolved =
+      ResolveRegistration(request, fd_channel_path_, session_id_, options_.deadline);
+  if (!resolved.ok()) return resolved.status();
   absl::StatusOr<v1::RegisterBufferResponse> response =
-      Unary(&v1::TokenSelect::Stub::RegisterBuffer, request);
+      Unary(&v1::TokenSelect::Stub::RegisterBuffer, *resolved);
   if (!response.ok()) return response.status();
   return response->buffer();
 }
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterFd(std::string name, int fd, uint64_t offset,
                                                   uint64_t size) const {
-  absl::StatusOr<v1::FdChannelReply> reply =
-      SendFd(fd_channel_path_, session_id_, v1::FD_KIND_HOST_MEMORY, fd, options_.deadline);
-  if (!reply.ok()) return reply.status();
   v1::RegisterBufferRequest request;
   request.set_name(std::move(name));
   v1::PassedFd* passed = request.mutable_fd();
-  passed->set_ticket(reply->ticket());
+  passed->set_ticket(LocalFdTicket(fd));
   passed->set_offset(offset);
   passed->set_size(size);
-  absl::StatusOr<v1::RegisterBufferResponse> response =
-      Unary(&v1::TokenSelect::Stub::RegisterBuffer, request);
-  if (!response.ok()) return response.status();
-  return response->buffer();
+  return RegisterBuffer(request);
 }
 
 absl::Status Client::UnregisterBuffer(absl::string_view name) const {
@@ -271,6 +292,9 @@ absl::StatusOr<std::unique_ptr<OpStream>> Client::OpenStream() const {
   }
   stream->stream_ = stub_->Stream(stream->context_.get());
   if (stream->stream_ == nullptr) return absl::InternalError("Stream: the stub returned no stream");
+  stream->fd_channel_path_ = fd_channel_path_;
+  stream->deadline_ = options_.deadline;
+  stream->session_id_ = session_id_;
   return stream;
 }
 
@@ -281,13 +305,35 @@ OpStream::~OpStream() {
   }
 }
 
+const std::string& OpStream::session_id() {
+  if (session_id_.empty() && !finished_) {
+    if (!read_any_) stream_->WaitForInitialMetadata();
+    const auto& metadata = context_->GetServerInitialMetadata();
+    auto it = metadata.find(kSessionMetadataKey);
+    if (it != metadata.end()) session_id_.assign(it->second.data(), it->second.size());
+  }
+  return session_id_;
+}
+
 absl::StatusOr<v1::StreamResponse> OpStream::Call(const v1::StreamRequest& request) {
   if (finished_) {
     return absl::FailedPreconditionError(
         absl::StrCat("stream already finished: ", final_status_.ToString()));
   }
+  const v1::StreamRequest* to_send = &request;
+  v1::StreamRequest resolved;
+  if (request.has_register_buffer()) {
+    const std::string& session = session_id();
+    absl::StatusOr<v1::RegisterBufferRequest> registration =
+        ResolveRegistration(request.register_buffer(), fd_channel_path_, session, deadline_);
+    if (!registration.ok()) return registration.status();
+    resolved = request;
+    *resolved.mutable_register_buffer() = *std::move(registration);
+    to_send = &resolved;
+  }
   v1::StreamResponse response;
-  if (!stream_->Write(request) || !stream_->Read(&response)) {
+  read_any_ = true;
+  if (!stream_->Write(*to_send) || !stream_->Read(&response)) {
     absl::Status status = FinishInternal();
     return status.ok() ? absl::UnavailableError("stream closed by the server") : status;
   }

@@ -1,6 +1,8 @@
 // Bad input against a real server, one case per test: the specific status
 // code, a message naming the field, nothing written, and the server still
 // serves the next valid request (ExpectStillServes).
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "tests/server/integration/fixture.h"
+#include "tokensel/client/fd_channel.h"
 #include "tests/testing/http_get.h"
 
 namespace tokensel::itest {
@@ -95,14 +98,14 @@ TEST_F(BadInputTest, ViewOffsetOverflowIsOutOfRange) {
 
 TEST_F(BadInputTest, RegionPastTheShmObjectIsOutOfRange) {
   EXPECT_THAT(RegisterShm("past", shm_.name(), kArenaBytes - 10, 4096),
-              StatusIs(Code::kOutOfRange, "host_shm.offset"));
+              StatusIs(Code::kOutOfRange, "fd.offset"));
   ExpectStillServes();
 }
 
 TEST_F(BadInputTest, RegionOffsetOverflowIsOutOfRange) {
   EXPECT_THAT(RegisterShm("overflow", shm_.name(), std::numeric_limits<uint64_t>::max() - 100,
                           4096),
-              StatusIs(Code::kOutOfRange, AllOf(HasSubstr("host_shm.offset"),
+              StatusIs(Code::kOutOfRange, AllOf(HasSubstr("fd.offset"),
                                                 HasSubstr("overflow"))));
   ExpectStillServes();
 }
@@ -178,32 +181,58 @@ TEST_F(BadInputTest, IpcHandleNot64BytesIsInvalid) {
   ExpectStillServes();
 }
 
-TEST_F(BadInputTest, ShmNameOutsideThePrefixIsDenied) {
-  auto outside = TestShm::Create(absl::StrCat("/tokensel-elsewhere-", getpid()), 4096);
-  ASSERT_OK(outside);
-  EXPECT_THAT(RegisterShm("outside", outside->name(), 0, 4096),
-              StatusIs(Code::kPermissionDenied, AllOf(HasSubstr("shm_name"), HasSubstr("prefix"))));
+TEST_F(BadInputTest, RegistrationByNameIsRefusedWhateverTheObject) {
+  // Even the arena this client registered by descriptor: the server never
+  // opens an object with its own rights.
+  v1::RegisterBufferRequest req;
+  req.set_name("by-name");
+  req.mutable_host_shm()->set_shm_name(shm_.name());
+  req.mutable_host_shm()->set_size(4096);
+  v1::RegisterBufferResponse resp;
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer, req, &resp),
+              StatusIs(Code::kPermissionDenied, "registration by name is refused"));
   ExpectStillServes();
 }
 
-TEST_F(BadInputTest, ShmSymlinkIsDenied) {
-  const std::string link = server_->shm_prefix() + "link";
-  const std::string link_path = "/dev/shm" + link;
-  ASSERT_EQ(symlink(("/dev/shm" + shm_.name()).c_str(), link_path.c_str()), 0);
-  const absl::Status s = RegisterShm("link", link, 0, 4096);
-  unlink(link_path.c_str());
-  EXPECT_THAT(s, StatusIs(Code::kPermissionDenied, AllOf(HasSubstr("shm_name"),
-                                                         HasSubstr("symlink"))));
+TEST_F(BadInputTest, DescriptorsThatAreNotSharedMemoryAreRefusedOnArrival) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  EXPECT_THAT(client::SendFd(server_->fd_channel_path(), client_->session(),
+                             v1::FD_KIND_HOST_MEMORY, pipe_fds[0])
+                  .status(),
+              StatusIs(Code::kInvalidArgument, "a pipe cannot be registered"));
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  // A read-only descriptor of the arena: PERMISSION_DENIED.
+  const int read_only = shm_open(shm_.name().c_str(), O_RDONLY | O_CLOEXEC, 0);
+  ASSERT_GE(read_only, 0);
+  EXPECT_THAT(client::SendFd(server_->fd_channel_path(), client_->session(),
+                             v1::FD_KIND_HOST_MEMORY, read_only)
+                  .status(),
+              StatusIs(Code::kPermissionDenied, "not open for reading and writing"));
+  close(read_only);
   ExpectStillServes();
 }
 
-TEST_F(BadInputTest, ShmOwnedByAnotherUserIsDenied) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown a shm object to another uid";
-  auto foreign = TestShm::Create(server_->shm_prefix() + "foreign", 4096);
-  ASSERT_OK(foreign);
-  ASSERT_EQ(fchown(foreign->fd(), 54321, 54321), 0);
-  EXPECT_THAT(RegisterShm("foreign", foreign->name(), 0, 4096),
-              StatusIs(Code::kPermissionDenied, AllOf(HasSubstr("shm_name"), HasSubstr("54321"))));
+TEST_F(BadInputTest, ATicketServesOnlyItsSessionAndOnlyOnce) {
+  const int fd = shm_open(shm_.name().c_str(), O_RDWR | O_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  absl::StatusOr<v1::FdChannelReply> reply = client::SendFd(
+      server_->fd_channel_path(), client_->session(), v1::FD_KIND_HOST_MEMORY, fd);
+  close(fd);
+  ASSERT_OK(reply);
+  v1::RegisterBufferRequest req;
+  req.set_name("ticketed");
+  req.mutable_fd()->set_ticket(reply->ticket());
+  req.mutable_fd()->set_size(4096);
+  v1::RegisterBufferResponse resp;
+  Client other(server_->UnixChannel());
+  ASSERT_OK(other.Open());
+  EXPECT_THAT(other.Call(&Stub::RegisterBuffer, req, &resp),
+              StatusIs(Code::kNotFound, "fd.ticket: no such ticket in this session"));
+  ASSERT_OK(client_->Call(&Stub::RegisterBuffer, req, &resp));
+  req.set_name("twice");
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer, req, &resp), StatusIs(Code::kNotFound));
   ExpectStillServes();
 }
 

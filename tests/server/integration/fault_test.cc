@@ -306,9 +306,9 @@ TEST_F(FaultTest, UnlinkedShmStaysMappedUntilUnregister) {
   page = Scrape();
   EXPECT_EQ(Metric(page, "tokensel_registered_buffers"), 0) << Gauges(page);
   EXPECT_EQ(Metric(page, "tokensel_registered_bytes"), 0) << Gauges(page);
-  // The name no longer resolves (host_shm_mapper maps ENOENT to NOT_FOUND).
+  // The name no longer resolves: the client cannot open it to register it.
   EXPECT_THAT(client.Register("buf", shm->name(), 0, shm->size()).status(),
-              StatusIs(Code::kNotFound, "no such shared-memory object"));
+              StatusIs(Code::kNotFound, "No such file or directory"));
   ExpectServes("after-unlink");
 }
 

@@ -114,9 +114,19 @@ TEST_F(SecurityTest, RightTokenOverTlsServesOpsAndHealth) {
   v1::ListBuffersResponse listed;
   ASSERT_OK(tls.Call(&Stub::ListBuffers, v1::ListBuffersRequest(), &listed));
   EXPECT_EQ(listed.buffers_size(), 0);
-  // A verified gather over TLS in the unix client's session.
+  // An op over TLS in its own session (inline: a TCP session cannot be handed
+  // memory, and the unix client's session is not the TLS peer's to use).
+  v1::SortTokensRequest sort;
+  sort.set_original_tokens(4);
+  *sort.mutable_ids() = InlineTensor(DType::kInt32, {1, 4}, std::string("\3\0\0\0\1\0\0\0\2\0\0\0\0\0\0\0", 16));
+  v1::OpResponse sorted;
+  ASSERT_OK(tls.Call(&Stub::SortTokens, sort, &sorted));
+  ASSERT_EQ(sorted.outputs_size(), 1);
+  EXPECT_EQ(sorted.outputs(0).tensor().inline_data(),
+            std::string("\0\0\0\0\1\0\0\0\2\0\0\0\3\0\0\0", 16));
   tls.set_session(client_->session());
-  ExpectStillServes(&tls);
+  EXPECT_THAT(tls.Call(&Stub::SortTokens, sort, &sorted),
+              StatusIs(Code::kPermissionDenied, "belongs to another peer"));
 
   auto health = grpc::health::v1::Health::NewStub(TlsChannel(TestPki::kToken));
   grpc::ClientContext ctx;

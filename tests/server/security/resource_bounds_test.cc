@@ -43,8 +43,10 @@ TEST_F(SecurityTest, AnExecuteWhoseResponseCannotFitIsRefusedBeforeRunning) {
 }
 
 // Item 4: a stream whose client sends 60 requests with ~60 MiB of results
-// each and never reads: the server stops reading the stream (its queued
-// results stay bounded) instead of holding 3.5 GiB.
+// each and never reads: the server stops reading the stream (a few queued
+// results at most) instead of holding 3.5 GiB. (The requests themselves are
+// tiny: gRPC's flow-control windows take all 60, so what is bounded is what
+// the server builds, not what the client can send.)
 TEST_F(SecurityTest, AStreamThatNeverReadsItsResponsesIsBackPressured) {
   StartServer();
   tc::Client client = Client();
@@ -65,8 +67,8 @@ TEST_F(SecurityTest, AStreamThatNeverReadsItsResponsesIsBackPressured) {
   });
   absl::SleepFor(absl::Seconds(8));  // time enough to build every response
   const int64_t peak = PeakRssKiB();
-  EXPECT_LT(sent.load(), 60) << "the server kept reading a stream whose client does not read";
-  EXPECT_LT(peak, 1536 * 1024) << "peak RSS " << peak << " KiB";
+  EXPECT_LT(peak, 768 * 1024) << "peak RSS " << peak << " KiB after " << sent.load()
+                              << " requests: the server kept answering a stream nobody reads";
   ctx->TryCancel();
   writer.join();
   stream->Finish();
@@ -96,14 +98,14 @@ TEST_F(SecurityTest, ScratchOfATinyRequestIsRefusedBeforeItIsAllocated) {
   ExpectServing();
 }
 
-// Item 4: a 40-byte cross-attention SegmentSeqlens whose staging is O(NS)
-// counts against the per-request bound.
+// Item 4: a 40-byte cross-attention SegmentSeqlens whose staging and scratch
+// are O(NS) counts against the per-request bound.
 TEST_F(SecurityTest, ACrossAttentionRequestOfFortyBytesIsCountedToo) {
   StartServer({"--max_request_memory_bytes=67108864"});
   tc::Client client = Client();
   absl::StatusOr<std::unique_ptr<tc::Session>> session = tc::Session::Open(client, {});
   ASSERT_OK(session);
-  v1::SegmentSeqlensRequest s = SegmentWithInlineOutputs(8'000'000).segment_seqlens();
+  v1::SegmentSeqlensRequest s = SegmentWithInlineOutputs(2'000'000).segment_seqlens();
   *s.mutable_segment_ids_kv() = tc::TensorRef::InlineValues<int32_t>({1}, {1, 1}).ToProto();
   EXPECT_THAT((*session)->client().SegmentSeqlens(s).status(),
               StatusIs(absl::StatusCode::kResourceExhausted, "server memory"));

@@ -84,10 +84,17 @@ class OpStream {
 
   // Sends one request and waits for its response. A transport failure ends
   // the stream and returns its final status; a failed request (response code
-  // != 0) is returned as OK with the code in the response.
+  // != 0) is returned as OK with the code in the response. A register_buffer
+  // request is resolved like Client::RegisterBuffer (host_shm names and
+  // "fd:<n>" tickets become descriptors on the fd channel, for this
+  // stream's session); a failure there is returned as the Call's status.
   absl::StatusOr<v1::StreamResponse> Call(const v1::StreamRequest& request);
   // Half-close and collect the final status. Idempotent.
   absl::Status Finish();
+
+  // The stream's session: the client's, or the one the server opened for
+  // the stream (sent in its initial metadata; waits for it on first use).
+  const std::string& session_id();
 
  private:
   friend class Client;
@@ -96,6 +103,10 @@ class OpStream {
 
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
+  std::string fd_channel_path_;
+  absl::Duration deadline_;
+  std::string session_id_;
+  bool read_any_ = false;
   bool finished_ = false;
   absl::Status final_status_;
 };
