@@ -5,6 +5,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "tokensel/client/fd_channel.h"
 
 ABSL_FLAG(std::string, server, tokensel::client::kDefaultTarget,
           "tokensel-server target: unix:///abs/path or host:port (plaintext)");
@@ -39,6 +40,8 @@ absl::StatusOr<client::Client> Connect(const std::string& target, absl::Duration
   options.deadline = timeout;
   options.max_message_bytes = kMaxMessageBytes;
   options.wait_for_ready = wait_for_ready;
+  // Memory is registered by descriptor on the fd channel beside the socket.
+  options.fd_channel = client::FdChannelPath(target);
   return client::Client::FromChannel(std::move(channel), options);
 }
 

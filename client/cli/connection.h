@@ -1,7 +1,7 @@
 // The connection flags every networked subcommand shares, and the clients
 // built from them:
 //   --server   target: unix:///abs/path or host:port (default: the server's
-//              default unix:///tmp/tokensel.sock)
+//              default unix:///run/tokensel/tokensel.sock)
 //   --timeout  per-call deadline
 //   --session  an existing session id (buffers); empty = open a new one
 //

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import tokensel
+from tokensel import fd_channel
 from tokensel import cuda_ipc
 from tokensel.v1 import tokensel_pb2 as pb
-from conftest import shm_path
 
 
 def test_bad_index_is_invalid_argument_naming_the_field(client):
@@ -37,20 +37,36 @@ def test_unknown_buffer_is_not_found(client):
     assert info.value.code == grpc.StatusCode.NOT_FOUND
 
 
-def test_shm_outside_prefix_is_permission_denied(client):
+def test_registration_by_name_is_permission_denied(client):
+    # The server never opens an object with its own rights.
     request = pb.RegisterBufferRequest(
-        name="evil", host_shm=pb.HostShm(shm_name="/not-tokensel-prefix", size=64))
-    with pytest.raises(tokensel.PermissionDeniedError) as info:
+        name="evil", host_shm=pb.HostShm(shm_name="/tokensel-anything", size=64))
+    with pytest.raises(tokensel.PermissionDeniedError, match="registration by name") as info:
         client.call("RegisterBuffer", request)
     assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_a_descriptor_that_is_not_memory_is_refused_on_the_fd_channel(client):
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(tokensel.InvalidArgumentError, match="a pipe cannot be registered"):
+            fd_channel.send_fd(client.fd_channel, client.session_id, read_end)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_tcp_client_cannot_register_shared_memory():
+    with pytest.raises(tokensel.FailedPreconditionError, match="not a unix socket"):
+        fd_channel.send_fd(fd_channel.channel_path("127.0.0.1:50051"), "s", 0)
+
+
 def test_duplicate_buffer_name_cleans_up(client):
     with client.shared_buffer(64, name="dup"):
-        before = set(os.listdir("/dev/shm"))
+        before = set(os.listdir("/proc/self/fd"))
         with pytest.raises(tokensel.AlreadyExistsError):
             client.shared_buffer(64, name="dup")
-        assert set(os.listdir("/dev/shm")) == before  # the second object was unlinked
+        assert set(os.listdir("/proc/self/fd")) == before  # the second memfd was closed
 
 
 def test_bad_dtype_and_device_are_caught_client_side(client):

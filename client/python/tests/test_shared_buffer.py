@@ -1,4 +1,4 @@
-"""SharedBuffer: by-reference ops on POSIX shm views, registration lifecycle."""
+"""SharedBuffer: by-reference ops on shared-memory views, registration lifecycle."""
 import os
 
 import numpy as np
@@ -6,14 +6,16 @@ import pytest
 import torch
 
 import tokensel
-from conftest import shm_path
 
 
 def test_views_are_passed_by_reference_and_written_in_place(client, server):
     B, S, C, R = 2, 16, 6, 5
     with client.shared_buffer(1 << 16) as buf:
-        assert buf.shm_name.startswith(server.shm_prefix)
-        assert os.path.exists(shm_path(buf.shm_name))
+        # A sealed memfd, handed to the server by descriptor: no name anyone
+        # else could open, and it cannot shrink under the server.
+        assert buf.shm_name.startswith("memfd:")
+        assert os.path.exists("/proc/self/fd/%d" % buf.region.fd)
+        assert {b.name: b.sealed for b in client.list_buffers()}[buf.name]
         acts = buf.numpy(np.float32, (B, S, C))
         ids = buf.numpy(np.int32, (B, R), offset=acts.nbytes)
         part = buf.numpy(np.float32, (B, R, C), offset=acts.nbytes + ids.nbytes)
@@ -31,7 +33,7 @@ def test_views_are_passed_by_reference_and_written_in_place(client, server):
         names = [b.name for b in client.list_buffers()]
         assert names == [buf.name]
     assert client.list_buffers() == []
-    assert not os.path.exists(shm_path(buf.shm_name))  # unlinked
+    assert buf.region.fd == -1  # the memfd was closed
 
 
 def test_strided_views_by_reference(client):
@@ -82,7 +84,7 @@ def test_view_bounds_and_close_semantics(client):
     buf.close()
     buf.close()  # idempotent
     assert view.sum() == 7 * 64  # a live view keeps the mapping
-    assert not os.path.exists(shm_path(buf.shm_name))
+    assert buf.region.fd == -1
     with pytest.raises(ValueError, match="closed"):
         buf.numpy(np.uint8, (1,))
     # No longer registered: the view now goes inline.
@@ -93,7 +95,7 @@ def test_client_close_releases_buffers(server):
     client = tokensel.Client(server.target)
     buf = client.shared_buffer(128)
     client.close()
-    assert buf.closed and not os.path.exists(shm_path(buf.shm_name))
+    assert buf.closed and buf.region.fd == -1
     with pytest.raises(tokensel.FailedPreconditionError, match="closed"):
         client.list_buffers()
     client.close()  # idempotent

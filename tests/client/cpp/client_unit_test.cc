@@ -1,7 +1,9 @@
 // tokensel::client pieces that need no server: status conversion, TensorRef,
 // SharedRegion, CudaIpcRegion's build gate, option checks, and the
 // deadline bound on wait_for_ready when nothing listens.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tokensel/client/client.h"
 #include "tokensel/client/cuda_ipc_region.h"
+#include "tokensel/client/fd_channel.h"
 #include "tokensel/client/shared_region.h"
 #include "tokensel/client/status.h"
 #include "tokensel/client/tensor_ref.h"
@@ -129,15 +132,57 @@ TEST(SharedRegionTest, CreateOpenUnlink) {
     ASSERT_OK(other.status());
     EXPECT_EQ(other->size(), 4096u);
     EXPECT_EQ(std::memcmp(other->data() + 100, "tokensel", 8), 0);
+    // The registration names the region's own descriptor.
     const v1::RegisterBufferRequest req = region->RegisterRequest("acts", 64);
     EXPECT_EQ(req.name(), "acts");
-    EXPECT_EQ(req.host_shm().shm_name(), name);
-    EXPECT_EQ(req.host_shm().offset(), 64u);
-    EXPECT_EQ(req.host_shm().size(), 4096u - 64u);
+    EXPECT_EQ(req.fd().ticket(), LocalFdTicket(region->fd()));
+    EXPECT_EQ(ParseLocalFdTicket(req.fd().ticket()), region->fd());
+    EXPECT_EQ(req.fd().offset(), 64u);
+    EXPECT_EQ(req.fd().size(), 4096u - 64u);
+    const int fd = region->fd();
     SharedRegion moved = std::move(*region);
     EXPECT_EQ(moved.name(), name);
+    EXPECT_EQ(moved.fd(), fd);
   }  // `moved` unlinks; `other` (Open) never does
   EXPECT_THAT(SharedRegion::Open(name).status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(SharedRegionTest, SealedMemfdsCannotShrinkAndCloseTheirDescriptor) {
+  int fd = -1;
+  {
+    absl::StatusOr<SharedRegion> region = SharedRegion::CreateSealed("unit", 8192);
+    ASSERT_OK(region.status());
+    EXPECT_EQ(region->size(), 8192u);
+    EXPECT_EQ(region->name(), "memfd:unit");
+    fd = region->fd();
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW);
+    EXPECT_NE(ftruncate(fd, 0), 0);
+    region->data()[8191] = 7;  // mapped whole
+    struct stat st;
+    ASSERT_EQ(fstat(fd, &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 8192u);  // allocated up front
+  }
+  EXPECT_LT(fcntl(fd, F_GETFD), 0);  // closed with the region
+  EXPECT_THAT(SharedRegion::CreateSealed("x", 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "size 0"));
+  EXPECT_THAT(SharedRegion::CreateSealed(std::string(201, 'x'), 64).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "label"));
+}
+
+TEST(FdChannelTest, PathsAndLocalTickets) {
+  EXPECT_EQ(FdChannelPath("unix:///run/tokensel/tokensel.sock"), "/run/tokensel/tokensel.sock.fd");
+  EXPECT_EQ(FdChannelPath("unix:rel/s.sock"), "rel/s.sock.fd");
+  EXPECT_EQ(FdChannelPath("127.0.0.1:50051"), "");
+  EXPECT_EQ(FdChannelPath("unix:"), "");
+  EXPECT_EQ(ParseLocalFdTicket(LocalFdTicket(17)), 17);
+  EXPECT_EQ(ParseLocalFdTicket("fd:-1"), -1);
+  EXPECT_EQ(ParseLocalFdTicket("0123abcd"), -1);  // a server ticket
+  EXPECT_EQ(ParseLocalFdTicket("fd:"), -1);
+  EXPECT_THAT(SendFd("", "s", v1::FD_KIND_HOST_MEMORY, 0).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "not a unix socket"));
+  EXPECT_THAT(SendFd("/nonexistent/tokensel.sock.fd", "s", v1::FD_KIND_HOST_MEMORY, 0).status(),
+              StatusIs(absl::StatusCode::kUnavailable, "listening there"));
 }
 
 TEST(SharedRegionTest, KeepsObjectWhenAsked) {

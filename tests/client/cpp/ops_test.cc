@@ -252,12 +252,13 @@ TEST_F(ClientOpsTest, ErrorsAreAbslStatusesWithTheServerMessage) {
 
   EXPECT_THAT(session_->RegisterBuffer(region_->RegisterRequest("region")).status(),
               StatusIs(absl::StatusCode::kAlreadyExists, "region"));
-  v1::RegisterBufferRequest outside;
-  outside.set_name("outside");
-  outside.mutable_host_shm()->set_shm_name("/not-the-prefix");
-  outside.mutable_host_shm()->set_size(64);
-  EXPECT_THAT(session_->RegisterBuffer(outside).status(),
-              StatusIs(absl::StatusCode::kPermissionDenied));
+  // A name this process cannot open: the library says so before any RPC.
+  v1::RegisterBufferRequest missing;
+  missing.set_name("missing");
+  missing.mutable_host_shm()->set_shm_name("/tokensel-no-such-object");
+  missing.mutable_host_shm()->set_size(64);
+  EXPECT_THAT(session_->RegisterBuffer(missing).status(),
+              StatusIs(absl::StatusCode::kNotFound, "No such file"));
   EXPECT_TRUE(session_->registrations().size() == 1);
 }
 
@@ -305,8 +306,16 @@ TEST_F(ClientOpsTest, TcpTargetWorks) {
   absl::StatusOr<v1::ServerInfo> info = tcp->GetServerInfo();
   ASSERT_OK(info.status());
   EXPECT_EQ(info->shm_prefix(), server_->shm_prefix());
-  // The unix session's id works on the TCP connection too.
-  EXPECT_OK(tcp->WithSession(session_->id()).ListBuffers().status());
+  // A session belongs to its opener: the unix session's id is refused on the
+  // TCP connection (another peer), and a TCP session cannot be handed memory.
+  EXPECT_THAT(tcp->WithSession(session_->id()).ListBuffers().status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, "another peer"));
+  absl::StatusOr<v1::OpenSessionResponse> own = tcp->OpenSession({});
+  ASSERT_OK(own.status());
+  EXPECT_OK(tcp->WithSession(own->session_id()).ListBuffers().status());
+  EXPECT_THAT(tcp->WithSession(own->session_id()).RegisterBuffer(region_->RegisterRequest("x"))
+                  .status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "not a unix socket"));
 }
 
 }  // namespace
