@@ -119,7 +119,7 @@ def check_server_args(where, args, known):
             if value and metrics_port is None:
                 problem(f"{where}: --metrics_address={value} has no numeric port")
     if not any(n == "listen" for n, _ in parsed):
-        unix_paths.add("/tmp/tokensel.sock")  # the server's default
+        unix_paths.add("/run/tokensel/tokensel.sock")  # the server's default
     # The server refuses a TCP listener without TLS + token unless --insecure_tcp.
     given = {n: v for n, v in parsed}
     secure = all(given.get(f) for f in ("tls_cert", "tls_key", "auth_token_file"))
