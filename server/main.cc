@@ -72,11 +72,12 @@ ABSL_FLAG(uint32_t, max_inflight, 256,
           "Most requests in flight at once; beyond it requests fail fast with "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Most concurrent sessions (RESOURCE_EXHAUSTED beyond).");
-ABSL_FLAG(uint64_t, max_op_elements, uint64_t{1} << 34,
-          "Most work one op may ask for, in elements: the sum of its tensors' shapes (plus "
-          "L*B*S for SampleTokens); beyond it RESOURCE_EXHAUSTED before anything runs. Bounds "
-          "the time of one request (zero-strided views can have huge shapes and few bytes). "
-          "0 = no limit.");
+ABSL_FLAG(uint64_t, max_op_elements, uint64_t{1} << 27,
+          "Most work one op may ask for, in elements it reads or writes (core::EstimateOpWork: "
+          "copies count what they copy, SampleTokens L*B*S, ...); beyond it RESOURCE_EXHAUSTED "
+          "before anything runs. The default, 2^27, is about one second of the heaviest ops "
+          "(SampleTokens, TopKTokens) on one core of a 2-core EPYC; raise it for larger ops on "
+          "faster machines. 0 = no limit.");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "Group (name or gid) given to the unix socket files, whose mode is 0660: its members "
           "may connect. Empty = the server's group.");

@@ -288,8 +288,8 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   if (limits_.max_op_work != 0) {
     if (const uint64_t work = EstimateOpWork(op); work > limits_.max_op_work) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          OpName(op), ": about ", work, " elements of work (the sum of its tensors' ",
-          "shapes), above the per-op limit of ", limits_.max_op_work, " (--max_op_elements)"));
+          OpName(op), ": about ", work, " elements of work (what it reads and writes), above the ",
+          "per-op limit of ", limits_.max_op_work, " (--max_op_elements)"));
     }
   }
   MemoryBudget::Reservation own = budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();

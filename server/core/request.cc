@@ -49,6 +49,17 @@ class WorkSum {
   uint64_t total_ = 0;
 };
 
+uint64_t Elements(const TensorSpec& t) {
+  uint64_t n = 1;
+  for (const int64_t d : t.shape) n = SaturatingMul(n, NonNegative(d));
+  return n;
+}
+
+// shape[axis], or 0 when the spec has no such dim (invalid: the op fails).
+uint64_t Dim(const TensorSpec& t, size_t axis) {
+  return axis < t.shape.size() ? NonNegative(t.shape[axis]) : 0;
+}
+
 uint64_t Rows(const TensorSpec& t) {
   uint64_t n = 1;
   for (size_t i = 0; i + 1 < t.shape.size(); ++i) n = SaturatingMul(n, NonNegative(t.shape[i]));
@@ -66,18 +77,34 @@ struct WorkVisitor {
     sum->AddAll(r.ids, r.out, r.inverse);
     sum->AddScalar(BitmapWork(Rows(r.ids), r.original_tokens));
   }
+  // The copies touch what they write (and as much again to read), not their
+  // whole inputs: [B,S,C] activations of which R rows are gathered cost
+  // B*R*C, whatever S is.
   void operator()(const GatherTokensRequest& r) const {
-    sum->AddAll(r.activations, r.indices, r.out);
+    sum->Add(r.indices);
+    sum->AddScalar(SaturatingMul(Elements(r.indices), Dim(r.activations, 2)));
   }
   void operator()(const ScatterTokensRequest& r) const {
-    sum->AddAll(r.all, r.layer, r.indices);
+    sum->AddAll(r.layer, r.indices);
     const size_t seq_axis = r.batch_first ? 1 : 0;
     if (r.all.shape.size() > seq_axis) {
       sum->AddScalar(BitmapWork(Rows(r.indices), r.all.shape[seq_axis]));
     }
   }
-  void operator()(const GatherBertMaskRequest& r) const { sum->AddAll(r.mask, r.indices, r.out); }
-  void operator()(const SliceGptMaskRequest& r) const { sum->AddAll(r.mask, r.out); }
+  // out [L,B,H,R,R] = indices [L,B,R] x H x R.
+  void operator()(const GatherBertMaskRequest& r) const {
+    sum->Add(r.indices);
+    sum->AddScalar(SaturatingMul(SaturatingMul(Elements(r.indices), Dim(r.mask, 1)),
+                                 Dim(r.indices, 2)));
+  }
+  // out [B,H,R,R]: R from `out` when given, else retained_tokens.
+  void operator()(const SliceGptMaskRequest& r) const {
+    const uint64_t retained = r.out.has_value() && r.out->shape.size() == 4
+                                  ? NonNegative(r.out->shape[3])
+                                  : NonNegative(r.retained_tokens);
+    sum->AddScalar(SaturatingMul(SaturatingMul(Dim(r.mask, 0), Dim(r.mask, 1)),
+                                 SaturatingMul(retained, retained)));
+  }
   void operator()(const SegmentSeqlensRequest& r) const {
     sum->AddAll(r.segment_ids_q, r.segment_pos_q, r.segment_ids_kv, r.segment_pos_kv, r.q_seqlen,
                 r.q_offset, r.kv_seqlen, r.kv_offset, r.q_packed_seqlens, r.q_packed_offsets,

@@ -109,15 +109,21 @@ using OpRequest =
 // The operator's API name ("SortTokens", ...), also the `op` metric label.
 absl::string_view OpName(const OpRequest& op);
 
-// An upper estimate of an op's work in elements, from metadata alone: the
-// sum over its tensors of product(shape) (negative dims count 0; saturating
-// at UINT64_MAX), plus L * B * max(S, 1) for SampleTokens, whose cost is per
-// position whatever R is, B * sides * (NS + 1) for SegmentSeqlens (its
-// staging and outputs, given or inline), and rows * (S / 64 + 1) for SortTokens and
-// ScatterTokens (the CUDA kernels' per-row bitmaps of S bits; on the CPU such
-// rows are checked by sorting when S dwarfs R). Every operator runs in
-// O(work), so bounding it bounds the time and scratch of one request, even
-// with zero-strided views whose shapes are huge and whose bytes are few.
+// An upper estimate of an op's work in elements, from metadata alone
+// (negative dims count 0; saturating at UINT64_MAX): what the op reads and
+// writes element by element. Copies count the elements they copy, not the
+// whole inputs they copy from (GatherTokens B*R*C + indices, ScatterTokens
+// layer + indices, GatherBertMask L*B*H*R*R + indices, SliceGptMask B*H*R*R);
+// SampleTokens counts L * B * max(S, 1) (its cost is per position whatever R
+// is); SegmentSeqlens B * sides * (NS + 1) (its staging and outputs, given or
+// inline) on top of its tensors; SortTokens and ScatterTokens rows * (S / 64
+// + 1) (the CUDA kernels' per-row bitmaps of S bits; on the CPU such rows are
+// checked by sorting when S dwarfs R); the others the sum of their tensors'
+// shapes. Every operator runs in O(work), so bounding it bounds the time and
+// scratch of one request, even with zero-strided views whose shapes are huge
+// and whose bytes are few. The heaviest ops per element (SampleTokens,
+// TopKTokens: about 10 ns per element on one core here) set the default
+// bound: docs/server.md, --max_op_elements.
 uint64_t EstimateOpWork(const OpRequest& op);
 
 // An output returned inline: row-major bytes.

@@ -107,7 +107,7 @@ struct ServerOptions {
   uint64_t memory_budget_bytes = 0;
   uint64_t max_request_memory_bytes = 0;
   // Per-op work bound (core::EstimateOpWork, elements); 0 = none.
-  uint64_t max_op_elements = uint64_t{1} << 34;
+  uint64_t max_op_elements = uint64_t{1} << 27;
   absl::Duration reap_interval = absl::Seconds(1);
   // Connections (gRPC on every transport + fd channel) in all / per peer
   // principal (a uid, a TCP address); beyond them a new connection is

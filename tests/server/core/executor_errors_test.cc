@@ -280,7 +280,7 @@ TEST_F(ExecutorErrorsTest, InlineOutputsAreBoundedByMaxInlineBytes) {
 TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRuns) {
   core::GatherTokensRequest req = ValidGather();
   const core::GatherTokensRequest valid = req;
-  const uint64_t work = 2 * 8 * 4 + 2 * 3 + 2 * 3 * 4;  // activations + indices + out
+  const uint64_t work = 2 * 3 + 2 * 3 * 4;  // indices + the rows copied (out)
   EXPECT_EQ(core::EstimateOpWork(req), work);
   core::Executor exact(&backend_, &registry_, nullptr, Limits(1 << 20, /*max_work=*/work));
   EXPECT_OK(exact.Run(session_, req));
@@ -288,14 +288,17 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   const Memory before = Snapshot();
   EXPECT_THAT(below.Run(session_, req),
               StatusIs(StatusCode::kResourceExhausted,
-                       "GatherTokens: about 94 elements of work (the sum of its tensors' shapes), "
-                       "above the per-op limit of 93 (--max_op_elements)"));
-  // 2^40 positions of one broadcast element: 4 bytes of buffer, hours of work.
-  req.activations.shape = {2, int64_t{1} << 40, 4};
+                       "GatherTokens: about 30 elements of work (what it reads and writes), "
+                       "above the per-op limit of 29 (--max_op_elements)"));
+  // Rows of 2^40 broadcast channels: 4 bytes of buffer, hours of copying.
+  req.activations.shape = {2, 8, int64_t{1} << 40};
   req.activations.strides = {0, 0, 0};
   core::Executor bounded(&backend_, &registry_, nullptr, Limits(1 << 20, uint64_t{1} << 34));
   EXPECT_THAT(bounded.Run(session_, req),
-              StatusIs(StatusCode::kResourceExhausted, "GatherTokens: about 8796093022238 "));
+              StatusIs(StatusCode::kResourceExhausted, "GatherTokens: about 6597069766662 "));
+  // A huge S costs a gather nothing: it copies R rows whatever S is.
+  req.activations.shape = {2, int64_t{1} << 40, 4};
+  EXPECT_EQ(core::EstimateOpWork(req), work);
   EXPECT_TRUE(Snapshot() == before) << "a refused op wrote to a buffer";
 
   // SampleTokens counts L * B * max(S, 1) besides its tensors.
@@ -328,7 +331,16 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   // Negative dims count 0 (validation rejects them later with a precise error).
   req = valid;
   req.indices.shape = {-2, 3};
-  EXPECT_EQ(core::EstimateOpWork(req), 2u * 8 * 4 + 2 * 3 * 4);
+  EXPECT_EQ(core::EstimateOpWork(req), 0u);
+  // The mask copies count what they write.
+  core::GatherBertMaskRequest bert;
+  bert.indices.shape = {2, 3, 5};                  // L, B, R
+  bert.mask.shape = {3, 4, 1, int64_t{1} << 40};   // B, H, Sq, S: S costs nothing
+  EXPECT_EQ(core::EstimateOpWork(bert), 2u * 3 * 5 + 2 * 3 * 5 * 4 * 5);
+  core::SliceGptMaskRequest slice;
+  slice.mask.shape = {3, 4, 100, 100};
+  slice.retained_tokens = 7;
+  EXPECT_EQ(core::EstimateOpWork(slice), 3u * 4 * 7 * 7);
 }
 
 TEST_F(ExecutorErrorsTest, RunAllStopsAtTheFailingOpWithItsPosition) {
