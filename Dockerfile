@@ -55,7 +55,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 tokensel \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin tokensel \
- && install -d -o 10001 -g 10001 -m 0770 /run/tokensel
+ && install -d -o 10001 -g 10001 -m 0750 /run/tokensel
 COPY --from=build /opt/tokensel/bin/tokensel-server /usr/local/bin/tokensel-server
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \

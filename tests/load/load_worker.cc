@@ -2,7 +2,7 @@
 // (tests/load/load_test.cc); also usable by hand against any server on the
 // same host.
 //
-//   tokensel_load_worker --target=unix:///tmp/tokensel.sock --shm_prefix=/tokensel
+//   tokensel_load_worker --target=unix:///run/tokensel/tokensel.sock --shm_prefix=/tokensel
 //       --threads=16 --seconds=60 [--max_requests=N] [--seed=S] [--report=-|path]
 //       [--hold] [--mix=mixed|big] [--allow_exhausted]
 //
@@ -41,7 +41,7 @@
 #include "tests/load/load_report.h"
 #include "tests/load/load_thread.h"
 
-ABSL_FLAG(std::string, target, "", "Server address, e.g. unix:///tmp/tokensel.sock.");
+ABSL_FLAG(std::string, target, "", "Server address, e.g. unix:///run/tokensel/tokensel.sock.");
 ABSL_FLAG(std::string, shm_prefix, "", "The server's --shm_prefix (regions are named under it).");
 ABSL_FLAG(int, threads, 16, "Client threads, each with its own connection and session.");
 ABSL_FLAG(double, seconds, 60, "How long each thread sends requests.");

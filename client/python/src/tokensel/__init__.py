@@ -1,7 +1,7 @@
 """tokensel: Python client of the tokensel token-selection sidecar.
 
     import tokensel
-    with tokensel.Client("unix:///tmp/tokensel.sock") as client:
+    with tokensel.Client("unix:///run/tokensel/tokensel.sock") as client:
         ids = client.sample_tokens(layers=1, batch=8, original_tokens=512,
                                    retained_tokens=256, seed=1, step=0).ids
         part = client.gather_tokens(hidden, ids[0])          # numpy in, numpy out

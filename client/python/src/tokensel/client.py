@@ -1,6 +1,6 @@
 """tokensel.Client: a session with a tokensel server.
 
-    with tokensel.Client("unix:///tmp/tokensel.sock") as client:
+    with tokensel.Client("unix:///run/tokensel/tokensel.sock") as client:
         with client.shared_buffer(1 << 20) as buf:
             acts = buf.numpy(np.float32, (8, 512, 64))
             ...

@@ -1,6 +1,6 @@
 // Client: one typed call per tokensel.v1.TokenSelect RPC.
 //
-//   ASSIGN_OR_RETURN(Client client, Client::Connect("unix:///tmp/tokensel.sock"));
+//   ASSIGN_OR_RETURN(Client client, Client::Connect("unix:///run/tokensel/tokensel.sock"));
 //   ASSIGN_OR_RETURN(v1::ServerInfo info, client.GetServerInfo());
 //   ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(client));
 //   ASSIGN_OR_RETURN(v1::OpResponse r, session->client().GatherTokens(request));
