@@ -1,6 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "absl/status/status.h"
 #include "kernels/cpu/stop.h"
@@ -21,6 +22,7 @@ struct ThreadPool::Job {
   std::atomic<bool> stopped{false};  // a check failed: claim but skip the rest
   std::mutex stop_mu;
   absl::Status stop_status;  // the first failed check (guarded by stop_mu)
+  std::exception_ptr error;  // the first exception a chunk threw (guarded by stop_mu)
   // Guarded by the pool's mu_:
   int64_t helpers_wanted = 0;  // workers that may still join (while queued)
   int64_t active = 0;          // workers inside RunChunks for this job
@@ -35,6 +37,19 @@ struct ThreadPool::Job {
     stopped.store(true, std::memory_order_relaxed);
   }
 
+  // Runs one chunk; an exception (std::bad_alloc of a chunk's scratch) is
+  // kept for the caller, who rethrows it once every worker is done with the
+  // job: thrown on a worker thread it would terminate the process.
+  void RunChunk(int64_t begin, int64_t end) {
+    try {
+      fn(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(stop_mu);
+      if (error == nullptr) error = std::current_exception();
+      stopped.store(true, std::memory_order_relaxed);
+    }
+  }
+
   // Claims and runs chunks until none is left. With a token, each chunk runs
   // in its own stop scope on this thread, after a check.
   void RunChunks() {
@@ -43,14 +58,14 @@ struct ThreadPool::Job {
       if (c >= num_chunks) return;
       const int64_t begin = c * chunk;
       const int64_t end = std::min(n, begin + chunk);
+      if (stopped.load(std::memory_order_relaxed)) continue;
       if (token == nullptr) {
-        fn(begin, end);
+        RunChunk(begin, end);
         continue;
       }
-      if (stopped.load(std::memory_order_relaxed)) continue;
       internal::StopScope scope{token, absl::OkStatus()};
       internal::StopScope* const outer = internal::SwapStopScope(&scope);
-      if (internal::CheckStopIn(&scope).ok()) fn(begin, end);
+      if (internal::CheckStopIn(&scope).ok()) RunChunk(begin, end);
       internal::SwapStopScope(outer);
       if (!scope.stopped.ok()) Stop(scope.stopped);
     }
@@ -173,8 +188,13 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain, RangeFn fn) {
     job.idle.wait(lock, [&] { return job.active == 0; });
   }
   if (job.stopped.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(job.stop_mu);
-    internal::LatchStop(scope, job.stop_status);
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(job.stop_mu);
+      if (!job.stop_status.ok()) internal::LatchStop(scope, job.stop_status);
+      error = job.error;
+    }
+    if (error != nullptr) std::rethrow_exception(error);
   }
 }
 

@@ -18,6 +18,12 @@
 // latched into the caller's scope, so the caller's next CheckStop() reports
 // it. With a token, ranges are cut into at least kStopChunks chunks (grain
 // permitting) so a stop takes effect within about 1/kStopChunks of the call.
+//
+// Exceptions: if `fn` throws (std::bad_alloc from a chunk's scratch), no
+// further chunk starts, and once every thread is done with the call the
+// first exception is rethrown to the caller of ParallelFor, on the caller's
+// thread; thrown on a worker it would otherwise terminate the process. The
+// pool stays usable.
 #ifndef TOKENSEL_KERNELS_CPU_THREAD_POOL_H_
 #define TOKENSEL_KERNELS_CPU_THREAD_POOL_H_
 

@@ -91,6 +91,8 @@ class Environment {
           total += out.data.size();
         }
         FUZZ_CHECK(total <= kMaxInline);
+        // The size an Execute checks before running is the size it returns.
+        FUZZ_CHECK(executor_.InlineOutputBytes(*request) == total);
         v1::OpResponse response;
         server::OpResultToProto(std::move(*result), &response);
         FUZZ_CHECK(response.outputs_size() >= 0);

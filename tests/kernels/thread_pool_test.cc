@@ -2,6 +2,8 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -78,6 +80,34 @@ TEST(ThreadPoolTest, NestedParallelForCompletes) {
     }
   });
   EXPECT_EQ(count.load(), 8 * 16);
+}
+
+// An allocation failure inside a chunk reaches the caller as an exception,
+// whichever thread ran the chunk, and the pool goes on working.
+TEST(ThreadPoolTest, AChunksExceptionIsRethrownToTheCaller) {
+  ThreadPool pool(3);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> worker_throws{0};
+  for (int round = 0; round < 50; ++round) {
+    bool thrown = false;
+    try {
+      // Every chunk but the first throws, on whichever thread runs it; the
+      // first takes a moment, so that the workers claim chunks meanwhile.
+      pool.ParallelFor(1 << 12, 1, [&](int64_t begin, int64_t) {
+        if (begin == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          return;
+        }
+        if (std::this_thread::get_id() != caller) ++worker_throws;
+        throw std::bad_alloc();
+      });
+    } catch (const std::bad_alloc&) {
+      thrown = true;
+    }
+    EXPECT_TRUE(thrown) << "round " << round;
+    ExpectCoversOnce(&pool, 1000, 7);  // still usable
+  }
+  EXPECT_GT(worker_throws.load(), 0) << "no chunk ran on a worker: the test proved nothing";
 }
 
 }  // namespace
