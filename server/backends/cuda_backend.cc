@@ -4,7 +4,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -17,6 +20,13 @@ namespace {
 namespace kc = ::tokensel::kernels::cuda;
 
 constexpr size_t kWorkspaceGranule = size_t{1} << 20;  // round allocations up to 1 MiB
+
+// The device allocation of a workspace of `bytes`: rounded up to the granule,
+// SIZE_MAX when that would wrap (no allocation satisfies it).
+size_t AllocationBytes(size_t bytes) {
+  if (bytes > SIZE_MAX - (kWorkspaceGranule - 1)) return SIZE_MAX;
+  return (bytes + kWorkspaceGranule - 1) / kWorkspaceGranule * kWorkspaceGranule;
+}
 
 class DeviceStaging final : public core::Backend::Staging {
  public:
@@ -93,9 +103,13 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
       lease.stream = free_streams_.back();
       free_streams_.pop_back();
     }
+    // The smallest cached workspace that fits, unless it is more than twice
+    // the allocation ScratchBytes reserved for this op (a small op must not
+    // hold on to a large block while the next large op allocates another).
     auto it = free_workspaces_.lower_bound(workspace_bytes);
-    if (it != free_workspaces_.end()) {
+    if (it != free_workspaces_.end() && it->first / 2 <= AllocationBytes(workspace_bytes)) {
       lease.ws = {it->second, it->first};
+      free_workspace_bytes_ -= it->first;
       free_workspaces_.erase(it);
     }
   }
@@ -107,15 +121,14 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     lease.stream = s;
   }
   if (lease.ws.data == nullptr) {
-    // Rounded up to the granule; a size that would wrap is refused (the
-    // kernels cap their sizes at SIZE_MAX / 2, this keeps it so).
-    if (workspace_bytes > SIZE_MAX - kWorkspaceGranule) {
+    // Rounded up to the granule (ScratchBytes reports the same size); a size
+    // that would wrap is refused (the kernels cap theirs at SIZE_MAX / 2).
+    const size_t bytes = AllocationBytes(workspace_bytes);
+    if (bytes == SIZE_MAX) {
       Release(lease);
       return absl::ResourceExhaustedError(
           absl::StrCat("cuda backend: a workspace of ", workspace_bytes, " bytes"));
     }
-    const size_t bytes = (workspace_bytes + kWorkspaceGranule - 1) / kWorkspaceGranule *
-                         kWorkspaceGranule;
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
@@ -133,9 +146,32 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
 }
 
 void CudaBackend::Release(const Lease& lease) {
-  absl::MutexLock lock(&mu_);
-  if (lease.stream != nullptr) free_streams_.push_back(lease.stream);
-  if (lease.ws.data != nullptr) free_workspaces_.emplace(lease.ws.bytes, lease.ws.data);
+  std::vector<void*> to_free;
+  {
+    absl::MutexLock lock(&mu_);
+    if (lease.stream != nullptr) free_streams_.push_back(lease.stream);
+    if (lease.ws.data != nullptr) {
+      free_workspaces_.emplace(lease.ws.bytes, lease.ws.data);
+      free_workspace_bytes_ += lease.ws.bytes;
+    }
+    // Idle memory stays bounded: without this, requests of ever larger
+    // workspaces (each within the budget) would each add an allocation the
+    // pool then kept for good, until the device (and the training jobs
+    // sharing it) ran out of memory. The largest go first.
+    while (free_workspace_bytes_ > kMaxCachedWorkspaceBytes) {
+      const auto largest = std::prev(free_workspaces_.end());
+      free_workspace_bytes_ -= largest->first;
+      to_free.push_back(largest->second);
+      all_workspaces_.erase(
+          std::find(all_workspaces_.begin(), all_workspaces_.end(), largest->second));
+      free_workspaces_.erase(largest);
+    }
+  }
+  if (to_free.empty()) return;
+  // Outside the lock: cudaFree waits for the device. The workspaces are idle
+  // (their op's stream was drained before Release).
+  (void)cudaSetDevice(device_.ordinal);
+  for (void* p : to_free) (void)cudaFree(p);
 }
 
 template <typename Args, typename Bytes, typename Async, typename Finish>
@@ -155,12 +191,12 @@ absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Fini
   return st;
 }
 
-#define TOKENSEL_CUDA_RUN(Op)                                                      \
-  absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                   \
-    return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);     \
-  }                                                                                \
-  uint64_t CudaBackend::ScratchBytes(const kernels::Op##Args& args) const {        \
-    return kernels::Validate(args).ok() ? kc::Op##WorkspaceBytes(args) : 0;        \
+#define TOKENSEL_CUDA_RUN(Op)                                                                \
+  absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                             \
+    return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);               \
+  }                                                                                          \
+  uint64_t CudaBackend::ScratchBytes(const kernels::Op##Args& args) const {                  \
+    return kernels::Validate(args).ok() ? AllocationBytes(kc::Op##WorkspaceBytes(args)) : 0; \
   }
 TOKENSEL_CUDA_RUN(SortTokens)
 TOKENSEL_CUDA_RUN(GatherTokens)
