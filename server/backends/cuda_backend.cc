@@ -115,7 +115,11 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
   }
   if (lease.stream == nullptr) {  // every stream busy: grow the pool
     cudaStream_t s = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+      Release(lease);  // the pooled workspace taken above goes back
+      return kc::CudaError(err, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+    }
     absl::MutexLock lock(&mu_);
     all_streams_.push_back(s);
     lease.stream = s;
@@ -180,11 +184,11 @@ absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Fini
   RETURN_IF_ERROR(kernels::Validate(args));
   ASSIGN_OR_RETURN(const Lease lease, Acquire(bytes(args)));
   absl::Status st = async(args, lease.ws, lease.stream);
-  if (st.ok()) {
-    st = finish(args, lease.ws, lease.stream);
-  } else {
-    // Kernels may already be queued (a later launch failed): drain before the
-    // workspace goes back to the pool.
+  if (st.ok()) st = finish(args, lease.ws, lease.stream);
+  if (!st.ok()) {
+    // Kernels may still be queued (a later launch failed, or Finish stopped
+    // at a CUDA error before it synchronized): drain before the workspace
+    // goes back to the pool, where the next op would share it with them.
     (void)cudaStreamSynchronize(lease.stream);
   }
   Release(lease);
