@@ -12,6 +12,7 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/workspace_layout.h"
@@ -71,9 +72,10 @@ absl::Status GatherTokensAsync(const GatherTokensArgs& args, Workspace ws, Strea
 
 absl::Status GatherTokensFinish(const GatherTokensArgs& args, Workspace ws, Stream stream) {
   // The message is computed from the snapshot the device validated (a copy
-  // of the client's tensor now could hold other values).
-  GatherTokensArgs host = args;
-  host.indices = SnapshotView(args.indices, SectionAt(ws, GatherTokensLayout(args).snapshot));
+  // of the client's tensor now could hold other values), with the payload
+  // shrunk away (oracle_args.h: no host copies of activations and out).
+  GatherTokensArgs host =
+      GatherTokensOracleArgs(args, SectionAt(ws, GatherTokensLayout(args).snapshot));
   return FinishWithCpuOracle(ws, stream, "GatherTokens", {&host.indices},
                              {&host.activations, &host.out},
                              [&] { return cpu::GatherTokens(host, nullptr); });

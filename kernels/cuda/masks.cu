@@ -26,6 +26,7 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/workspace_layout.h"
@@ -179,9 +180,10 @@ absl::Status GatherBertMaskAsync(const GatherBertMaskArgs& args, Workspace ws, S
 }
 
 absl::Status GatherBertMaskFinish(const GatherBertMaskArgs& args, Workspace ws, Stream stream) {
-  // The message is computed from the snapshot the device validated.
-  GatherBertMaskArgs host = args;
-  host.indices = SnapshotView(args.indices, SectionAt(ws, GatherBertMaskLayout(args).snapshot));
+  // The message is computed from the snapshot the device validated, with the
+  // payload shrunk (oracle_args.h: a one-element mask, out of one head).
+  GatherBertMaskArgs host =
+      GatherBertMaskOracleArgs(args, SectionAt(ws, GatherBertMaskLayout(args).snapshot));
   return FinishWithCpuOracle(ws, stream, "GatherBertMask", {&host.indices},
                              {&host.mask, &host.out},
                              [&] { return cpu::GatherBertMask(host, nullptr); });

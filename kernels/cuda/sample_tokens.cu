@@ -35,6 +35,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/select.cuh"
 #include "kernels/cuda/status.cuh"
+#include "kernels/cuda/workspace_layout.h"
 #include "kernels/ops.h"
 #include "kernels/philox.h"
 #include "kernels/sample_math.h"
@@ -113,16 +114,18 @@ SampleLayout Layout(const SampleTokensArgs& args, Workspace ws) {
   SampleLayout l;
   if (!ValidateSampleTokens(args).ok()) return l;
   char* base = static_cast<char*>(ws.data);
-  if (args.bert_mask.has_value()) {
-    const size_t bytes = AlignWorkspace(GatherBertMaskWorkspaceBytes(BertArgs(args)));
-    l.bert = Workspace{base == nullptr ? nullptr : base + l.total, bytes};
-    l.total += bytes;
-  }
-  if (args.gpt_mask.has_value()) {
-    const size_t bytes = AlignWorkspace(SliceGptMaskWorkspaceBytes(GptArgs(args)));
-    l.gpt = Workspace{base == nullptr ? nullptr : base + l.total, bytes};
-    l.total += bytes;
-  }
+  // Appends a part of `op_bytes` (<= kWorkspaceTooLarge, so aligning cannot
+  // wrap); the total saturates at kWorkspaceTooLarge like every layout
+  // (workspace_layout.h), and CheckWorkspace then refuses it.
+  const auto append = [&](size_t op_bytes) {
+    const size_t bytes = AlignWorkspace(op_bytes);
+    const bool fits = bytes <= kWorkspaceTooLarge - l.total;
+    const Workspace part{base == nullptr || !fits ? nullptr : base + l.total, bytes};
+    l.total = fits ? l.total + bytes : kWorkspaceTooLarge;
+    return part;
+  };
+  if (args.bert_mask.has_value()) l.bert = append(GatherBertMaskWorkspaceBytes(BertArgs(args)));
+  if (args.gpt_mask.has_value()) l.gpt = append(SliceGptMaskWorkspaceBytes(GptArgs(args)));
   return l;
 }
 

@@ -14,6 +14,7 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
+#include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/workspace_layout.h"
@@ -74,9 +75,10 @@ absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Str
 }
 
 absl::Status ScatterTokensFinish(const ScatterTokensArgs& args, Workspace ws, Stream stream) {
-  // The message is computed from the snapshot the device validated.
-  ScatterTokensArgs host = args;
-  host.indices = SnapshotView(args.indices, SectionAt(ws, ScatterTokensLayout(args).snapshot));
+  // The message is computed from the snapshot the device validated, with the
+  // payload shrunk away (oracle_args.h: no host copies of all and layer).
+  ScatterTokensArgs host =
+      ScatterTokensOracleArgs(args, SectionAt(ws, ScatterTokensLayout(args).snapshot));
   return FinishWithCpuOracle(ws, stream, "ScatterTokens", {&host.indices},
                              {&host.all, &host.layer},
                              [&] { return cpu::ScatterTokens(host, nullptr); });

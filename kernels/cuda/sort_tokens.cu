@@ -47,6 +47,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/view_access.cuh"
@@ -252,14 +253,13 @@ absl::Status SortTokensAsync(const SortTokensArgs& args, Workspace ws, Stream st
 }
 
 absl::Status SortTokensFinish(const SortTokensArgs& args, Workspace ws, Stream stream) {
-  // The message is computed from the snapshot the device validated. With
+  // The message is computed from the snapshot the device validated, without
+  // the inverse (oracle_args.h: no host buffer of rows * S int32). With
   // out == ids (in place) host.ids now differs from host.out: the CPU op then
   // validates them as separate views, which they are.
-  SortTokensArgs host = args;
-  host.ids = SnapshotView(args.ids, SectionAt(ws, SortTokensLayout(args).snapshot));
+  SortTokensArgs host = SortTokensOracleArgs(args, SectionAt(ws, SortTokensLayout(args).snapshot));
   std::vector<TensorView*> scratch;
   if (host.out.has_value()) scratch.push_back(&*host.out);
-  if (host.inverse.has_value()) scratch.push_back(&*host.inverse);
   TensorView* inputs[] = {&host.ids};
   return FinishWithCpuOracle(ws, stream, "SortTokens", inputs, scratch,
                              [&] { return cpu::SortTokens(host, nullptr); });

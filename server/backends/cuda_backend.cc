@@ -4,7 +4,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -17,6 +20,13 @@ namespace {
 namespace kc = ::tokensel::kernels::cuda;
 
 constexpr size_t kWorkspaceGranule = size_t{1} << 20;  // round allocations up to 1 MiB
+
+// The device allocation of a workspace of `bytes`: rounded up to the granule,
+// SIZE_MAX when that would wrap (no allocation satisfies it).
+size_t AllocationBytes(size_t bytes) {
+  if (bytes > SIZE_MAX - (kWorkspaceGranule - 1)) return SIZE_MAX;
+  return (bytes + kWorkspaceGranule - 1) / kWorkspaceGranule * kWorkspaceGranule;
+}
 
 class DeviceStaging final : public core::Backend::Staging {
  public:
@@ -93,29 +103,36 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
       lease.stream = free_streams_.back();
       free_streams_.pop_back();
     }
+    // The smallest cached workspace that fits, unless it is more than twice
+    // the allocation ScratchBytes reserved for this op (a small op must not
+    // hold on to a large block while the next large op allocates another).
     auto it = free_workspaces_.lower_bound(workspace_bytes);
-    if (it != free_workspaces_.end()) {
+    if (it != free_workspaces_.end() && it->first / 2 <= AllocationBytes(workspace_bytes)) {
       lease.ws = {it->second, it->first};
+      free_workspace_bytes_ -= it->first;
       free_workspaces_.erase(it);
     }
   }
   if (lease.stream == nullptr) {  // every stream busy: grow the pool
     cudaStream_t s = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+      Release(lease);  // the pooled workspace taken above goes back
+      return kc::CudaError(err, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+    }
     absl::MutexLock lock(&mu_);
     all_streams_.push_back(s);
     lease.stream = s;
   }
   if (lease.ws.data == nullptr) {
-    // Rounded up to the granule; a size that would wrap is refused (the
-    // kernels cap their sizes at SIZE_MAX / 2, this keeps it so).
-    if (workspace_bytes > SIZE_MAX - kWorkspaceGranule) {
+    // Rounded up to the granule (ScratchBytes reports the same size); a size
+    // that would wrap is refused (the kernels cap theirs at SIZE_MAX / 2).
+    const size_t bytes = AllocationBytes(workspace_bytes);
+    if (bytes == SIZE_MAX) {
       Release(lease);
       return absl::ResourceExhaustedError(
           absl::StrCat("cuda backend: a workspace of ", workspace_bytes, " bytes"));
     }
-    const size_t bytes = (workspace_bytes + kWorkspaceGranule - 1) / kWorkspaceGranule *
-                         kWorkspaceGranule;
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
@@ -133,9 +150,32 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
 }
 
 void CudaBackend::Release(const Lease& lease) {
-  absl::MutexLock lock(&mu_);
-  if (lease.stream != nullptr) free_streams_.push_back(lease.stream);
-  if (lease.ws.data != nullptr) free_workspaces_.emplace(lease.ws.bytes, lease.ws.data);
+  std::vector<void*> to_free;
+  {
+    absl::MutexLock lock(&mu_);
+    if (lease.stream != nullptr) free_streams_.push_back(lease.stream);
+    if (lease.ws.data != nullptr) {
+      free_workspaces_.emplace(lease.ws.bytes, lease.ws.data);
+      free_workspace_bytes_ += lease.ws.bytes;
+    }
+    // Idle memory stays bounded: without this, requests of ever larger
+    // workspaces (each within the budget) would each add an allocation the
+    // pool then kept for good, until the device (and the training jobs
+    // sharing it) ran out of memory. The largest go first.
+    while (free_workspace_bytes_ > kMaxCachedWorkspaceBytes) {
+      const auto largest = std::prev(free_workspaces_.end());
+      free_workspace_bytes_ -= largest->first;
+      to_free.push_back(largest->second);
+      all_workspaces_.erase(
+          std::find(all_workspaces_.begin(), all_workspaces_.end(), largest->second));
+      free_workspaces_.erase(largest);
+    }
+  }
+  if (to_free.empty()) return;
+  // Outside the lock: cudaFree waits for the device. The workspaces are idle
+  // (their op's stream was drained before Release).
+  (void)cudaSetDevice(device_.ordinal);
+  for (void* p : to_free) (void)cudaFree(p);
 }
 
 template <typename Args, typename Bytes, typename Async, typename Finish>
@@ -144,23 +184,23 @@ absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Fini
   RETURN_IF_ERROR(kernels::Validate(args));
   ASSIGN_OR_RETURN(const Lease lease, Acquire(bytes(args)));
   absl::Status st = async(args, lease.ws, lease.stream);
-  if (st.ok()) {
-    st = finish(args, lease.ws, lease.stream);
-  } else {
-    // Kernels may already be queued (a later launch failed): drain before the
-    // workspace goes back to the pool.
+  if (st.ok()) st = finish(args, lease.ws, lease.stream);
+  if (!st.ok()) {
+    // Kernels may still be queued (a later launch failed, or Finish stopped
+    // at a CUDA error before it synchronized): drain before the workspace
+    // goes back to the pool, where the next op would share it with them.
     (void)cudaStreamSynchronize(lease.stream);
   }
   Release(lease);
   return st;
 }
 
-#define TOKENSEL_CUDA_RUN(Op)                                                      \
-  absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                   \
-    return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);     \
-  }                                                                                \
-  uint64_t CudaBackend::ScratchBytes(const kernels::Op##Args& args) const {        \
-    return kernels::Validate(args).ok() ? kc::Op##WorkspaceBytes(args) : 0;        \
+#define TOKENSEL_CUDA_RUN(Op)                                                                \
+  absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                             \
+    return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);               \
+  }                                                                                          \
+  uint64_t CudaBackend::ScratchBytes(const kernels::Op##Args& args) const {                  \
+    return kernels::Validate(args).ok() ? AllocationBytes(kc::Op##WorkspaceBytes(args)) : 0; \
   }
 TOKENSEL_CUDA_RUN(SortTokens)
 TOKENSEL_CUDA_RUN(GatherTokens)

@@ -7,6 +7,12 @@
 // workspaces are pooled: a workspace is a cached device allocation reused by
 // later calls (the smallest free one that fits; a new one, rounded up to
 // 1 MiB, only when none fits), so the steady state performs no cudaMalloc.
+// Device memory is bounded whatever sizes clients ask for: an op allocates at
+// most what ScratchBytes reports (the executor reserves it in its MemoryBudget
+// first) and reuses a cached workspace only up to twice that, and the pool
+// keeps at most kMaxCachedWorkspaceBytes of idle workspaces (Release frees the
+// largest beyond it). Workspaces in use and cached thus stay below twice the
+// scratch reserved by the ops in flight plus that cap.
 // Staging is device memory; its copies are synchronous cudaMemcpy.
 // Every CUDA call is checked (INTERNAL with the CUDA error text).
 //
@@ -62,8 +68,9 @@ class CudaBackend final : public core::Backend {
   absl::Status Run(const kernels::SampleTokensArgs& args) override;
   absl::Status Run(const kernels::TopKTokensArgs& args) override;
 
-  // The device workspace of the op (kernels/cuda WorkspaceBytes; 0 for
-  // metadata that fails validation).
+  // The device workspace Run(args) may allocate: the op's WorkspaceBytes
+  // rounded up to the allocation granule (saturating; 0 for metadata that
+  // fails validation).
   uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const override;
   uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const override;
   uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const override;
@@ -77,6 +84,9 @@ class CudaBackend final : public core::Backend {
   // so far, and workspaces currently cached.
   int64_t workspace_allocations() const;
   size_t cached_workspaces() const;
+
+  // Idle workspace bytes the pool keeps for reuse; Release frees beyond it.
+  static constexpr size_t kMaxCachedWorkspaceBytes = size_t{256} << 20;
 
  private:
   explicit CudaBackend(core::DeviceDescription device);
@@ -98,6 +108,7 @@ class CudaBackend final : public core::Backend {
   std::vector<kernels::cuda::Stream> all_streams_ ABSL_GUARDED_BY(mu_);
   std::vector<kernels::cuda::Stream> free_streams_ ABSL_GUARDED_BY(mu_);
   std::multimap<size_t, void*> free_workspaces_ ABSL_GUARDED_BY(mu_);  // bytes -> ptr
+  size_t free_workspace_bytes_ ABSL_GUARDED_BY(mu_) = 0;               // held by free_workspaces_
   std::vector<void*> all_workspaces_ ABSL_GUARDED_BY(mu_);
   int64_t workspace_allocations_ ABSL_GUARDED_BY(mu_) = 0;
 };

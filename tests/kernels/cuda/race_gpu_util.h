@@ -297,6 +297,19 @@ inline void ExpectOutcome(const absl::Status& status, const std::string& field,
   }
 }
 
+// After a test's runs: the racing writes reached the op, i.e. some run ended
+// INVALID_ARGUMENT (its snapshot held a bad value) and, with `expect_ok`,
+// some run ended OK (its snapshot held the original values). Without this a
+// test whose writer never raced the op (a writer that stalls, a cached or
+// stale copy of the input) would pass having checked nothing. The odds of
+// a false failure are ~2^-kRuns: each run's snapshot sees either value.
+inline void ExpectRaceObserved(int ok, int invalid, bool expect_ok) {
+  EXPECT_GT(invalid, 0) << "no run saw a racing value: the writer never reached the op";
+  if (expect_ok) {
+    EXPECT_GT(ok, 0) << "every run saw a racing value: the race was never lost";
+  }
+}
+
 }  // namespace tokensel::racetest
 
 #endif  // TOKENSEL_TESTS_KERNELS_CUDA_RACE_GPU_UTIL_H_

@@ -71,6 +71,7 @@ class RaceIndexGpuTest : public ::testing::Test {
   void TearDown() override {
     if (!IsSkipped()) {
       std::cout << "runs OK " << ok_ << ", INVALID_ARGUMENT " << invalid_ << "\n";
+      if (!HasFatalFailure()) ExpectRaceObserved(ok_, invalid_, /*expect_ok=*/true);
     }
   }
   std::mt19937_64 rng_{20240721};
