@@ -10,7 +10,15 @@
 //  - Validate<Op>() checks ranks, dims, dtypes, strides, extents and overlap
 //    without reading tensor data. The implementations then check the data
 //    (index ranges, duplicates, segment structure) before writing anything:
-//    on any error nothing has been written.
+//    on any error nothing has been written. The one exception is a stop
+//    (CANCELLED / DEADLINE_EXCEEDED from the caller's stop token, see
+//    kernels/cpu/stop.h): a stopped op may have written part of its outputs
+//    (never after a partial validation).
+//  - Inputs may be memory a client keeps rewriting during the call: every
+//    value that decides an address or a size is read once into private
+//    memory (or checked where it is used), so such a client gets
+//    INVALID_ARGUMENT or garbage in its own outputs, never an access outside
+//    the views.
 //  - Errors are INVALID_ARGUMENT with a message naming the field, the
 //    multi-index of the first offending element (lowest row, then lowest
 //    position) and its value, identical for every implementation.

@@ -131,22 +131,38 @@ class StopPoll {
   int64_t next_ = kStopSpan;
 };
 
+// The first index in [t, end) whose id differs from v, or end.
+template <typename R>
+int64_t SkipEqual(const R& ids, int64_t t, int64_t end, typename R::Type v) {
+  if constexpr (R::kContiguous) {
+    // 256-byte blocks, then 32-byte blocks, then single ids.
+    t = SkipEqualBlocks<256 / sizeof(typename R::Type)>(ids, t, end, v);
+    t = SkipEqualBlocks<32 / sizeof(typename R::Type)>(ids, t, end, v);
+  }
+  while (t < end && ids[t] == v) ++t;
+  return t;
+}
+
+// RunEnd for a run that may be longer than kStopSpan: span by span, polling
+// the stop token between spans (kept out of line, off the hot path).
+template <typename R>
+__attribute__((noinline)) int64_t LongRunEnd(const R& ids, int64_t t, int64_t n, typename R::Type v,
+                                             StopPoll& poll) {
+  for (;;) {
+    const int64_t end = n - t > kStopSpan ? t + kStopSpan : n;
+    t = SkipEqual(ids, t, end, v);
+    if (t < end || end == n) return t;
+    if (poll.Stopped(t)) return n;
+  }
+}
+
 // End of the run of id `v` starting at t (ids[t] was read as v): the first
 // index after t whose id differs from v, in (t, n]. On a stop, n.
 template <typename R>
 int64_t RunEnd(const R& ids, int64_t t, int64_t n, typename R::Type v, StopPoll& poll) {
   ++t;
-  for (;;) {
-    const int64_t span_end = std::min(n, t + kStopSpan);
-    if constexpr (R::kContiguous) {
-      // 256-byte blocks, then 32-byte blocks, then single ids.
-      t = SkipEqualBlocks<256 / sizeof(typename R::Type)>(ids, t, span_end, v);
-      t = SkipEqualBlocks<32 / sizeof(typename R::Type)>(ids, t, span_end, v);
-    }
-    while (t < span_end && ids[t] == v) ++t;
-    if (t < span_end || t == n) return t;
-    if (poll.Stopped(t)) return n;
-  }
+  if (n - t <= kStopSpan) return SkipEqual(ids, t, n, v);
+  return LongRunEnd(ids, t, n, v, poll);
 }
 
 // Staged outputs of one (row, side): seqlen [NS] then offset [NS+1].
@@ -411,9 +427,8 @@ absl::Status SegmentSeqlens(const SegmentSeqlensArgs& args, ThreadPool* pool) {
       }
       SegmentError& err = errors[b];
       if (!cross) {
-        DispatchRow(*q_in.ids, nullptr, b, [&](const auto& ids, const auto&) {
-          err = SelfRow(ids, tq, ns, &st[0]);
-        });
+        DispatchRow(*q_in.ids, nullptr, b,
+                    [&](const auto& ids, const auto&) { err = SelfRow(ids, tq, ns, &st[0]); });
       } else {
         SegmentAgg* agg_q = agg.data();
         SegmentAgg* agg_kv = agg.data() + ns + 1;

@@ -21,6 +21,24 @@
 
 namespace tokensel::kernels::cpu {
 
+// Copies row `row` (the last dim; rows in row-major order of the leading
+// dims) of the int32|int64 view `source` (validated) to `dst`, row-major,
+// reading each element once.
+inline void CopyIndexRow(const TensorView& source, int64_t row, char* dst) {
+  const int64_t n = source.shape[source.rank - 1];
+  if (n == 0) return;
+  const int64_t elem = source.elem_size();
+  const char* src = source.At(RowOffset(source, row));
+  const int64_t stride = source.strides[source.rank - 1];
+  if (stride == 1 || n == 1) {
+    std::memcpy(dst, src, static_cast<size_t>(n * elem));
+  } else if (elem == 8) {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * 8, src + i * stride * 8, 8);
+  } else {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * 4, src + i * stride * 4, 4);
+  }
+}
+
 class IndexSnapshot {
  public:
   IndexSnapshot() = default;
@@ -45,21 +63,9 @@ class IndexSnapshot {
            static_cast<uint64_t>(ElementSize(source.dtype));
   }
 
-  // Copies row `row` (the last dim; rows in row-major order of the leading
-  // dims) of the source into the snapshot, reading each element once.
+  // Copies row `row` of the source into the snapshot (CopyIndexRow).
   void CopyRow(int64_t row) const {
-    if (row_length_ == 0) return;
-    const int64_t elem = source_.elem_size();
-    char* dst = Row(row);
-    const char* src = source_.At(RowOffset(source_, row));
-    const int64_t stride = source_.strides[source_.rank - 1];
-    if (stride == 1 || row_length_ == 1) {
-      std::memcpy(dst, src, static_cast<size_t>(row_length_ * elem));
-    } else if (elem == 8) {
-      for (int64_t i = 0; i < row_length_; ++i) std::memcpy(dst + i * 8, src + i * stride * 8, 8);
-    } else {
-      for (int64_t i = 0; i < row_length_; ++i) std::memcpy(dst + i * 4, src + i * stride * 4, 4);
-    }
+    if (row_length_ > 0) CopyIndexRow(source_, row, Row(row));
   }
 
   // The copy: same dtype and shape as the source, row-major strides.

@@ -8,14 +8,19 @@
 //
 // Nothing is written unless every row is valid, so rows are processed in two
 // parallel passes: validate (marking the bitmaps), then write. When the
-// bitmaps of all rows fit in kKeptBitmapBytes they are kept between the
-// passes; otherwise each pass marks a per-chunk bitmap and clears it again.
+// bitmaps of all rows fit in kKeptBitmapBytes and a row's bitmap has no more
+// words than the row has ids (so they cost at most 8 bytes per id, like the
+// snapshot) they are kept between the passes; otherwise each pass marks a
+// per-chunk bitmap and clears it again (re-marking R ids is cheaper than the
+// S/64 words the emission scans anyway).
 //
-// Read once: pass 1 copies each row of the client's ids into a private
-// snapshot (snapshot.h) and validates the copy; the error message, the
-// second marking and the sparse path's sort read only the snapshot. An id
-// that decides a bitmap word or an inverse slot is therefore always the id
-// that was checked, and in-place sorting cannot disturb it either.
+// Read once: pass 1 copies each row of the client's ids into private memory
+// (snapshot.h) and validates the copy; the error message is built from the
+// copy of the lowest invalid row. Pass 2 reads no ids when the bitmaps are
+// kept (pass 1 copies rows into a per-chunk buffer), and only a snapshot of
+// all rows otherwise (re-marking, and the sparse path's sort). An id that
+// decides a bitmap word or an inverse slot is therefore always the id that
+// was checked, and in-place sorting cannot disturb it either.
 //
 // Sparse rows (S/64 bitmap words far more than R ids, e.g. R = 1 and
 // S = 2^31) would make a tiny request scan and allocate S bits per row, so
@@ -26,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -52,20 +58,27 @@ struct RowPtr {
   int64_t stride;  // bytes
 };
 
-// Kept bitmaps: one per row, shared by both passes, when they all fit.
-bool KeepBitmaps(int64_t rows, int64_t words) { return rows <= kKeptBitmapBytes / (words * 8); }
+// Kept bitmaps: one per row, shared by both passes, when they all fit and
+// are no larger than the rows' ids.
+bool KeepBitmaps(int64_t rows, int64_t words, int64_t r) {
+  return words <= r && rows <= kKeptBitmapBytes / (words * 8);
+}
 
 RowPtr RowOf(const TensorView& v, int64_t row) {
   return {v.At(RowOffset(v, row)), v.strides[v.rank - 1] * v.elem_size()};
 }
 
-// Marks the ids of one row in `bits` (all clear on entry). Returns the first
-// offending position (out of range or duplicate), or -1 when the row is valid.
+// Marks the ids of one row of client memory in `bits` (all clear on entry),
+// reading each id once and keeping what it read in `copy` (contiguous).
+// Returns the first offending position (out of range or duplicate; copy[0,
+// position] is filled), or -1 when the row is valid (copy[0, r) is).
 template <typename T>
-int64_t MarkRow(RowPtr row, int64_t r, int64_t s, uint64_t* bits) {
+int64_t CopyAndMarkRow(RowPtr row, int64_t r, int64_t s, uint64_t* bits, T* copy) {
   const char* p = row.base;
   for (int64_t i = 0; i < r; ++i, p += row.stride) {
-    const int64_t id = LoadAt<T>(p);
+    const T value = LoadAt<T>(p);
+    copy[i] = value;
+    const int64_t id = value;
     if (!IdInRange(id, s) || TestAndSetBit(bits, id)) return i;
   }
   return -1;
@@ -135,21 +148,48 @@ void EmitSorted(const std::vector<int64_t>& ids, RowPtr out, RowPtr inv, int64_t
   }
 }
 
-// Builds the error of row `row` (known to be invalid) of the private
-// snapshot `copy` serially, in O(R log R) time and O(R) memory whatever S is.
-template <typename T>
-SortIdError RowError(const TensorView& copy, int64_t row, int64_t s) {
-  std::vector<int64_t> values;
-  LoadRow<T>(RowOf(copy, row), copy.shape[copy.rank - 1], &values);
-  const BadPosition bad = FirstBadPosition(values, s);
-  return {row, bad.position, values[static_cast<size_t>(bad.position)], bad.first};
-}
+// The lowest invalid row pass 1 found, with the private copy of the ids it
+// checked there (the message describes exactly what was validated).
+class FirstBadRow {
+ public:
+  explicit FirstBadRow(int64_t rows) : lowest_(rows), recorded_(rows) {}
+
+  // The lowest invalid row recorded so far, `rows` if none (for early exits).
+  int64_t lowest() const { return lowest_.load(std::memory_order_relaxed); }
+
+  // Row `row` was found invalid in its private copy `ids` (the first `r`
+  // values of T, up to and including an offence).
+  template <typename T>
+  void Record(int64_t row, const char* ids, int64_t r) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (row < recorded_) {
+        recorded_ = row;
+        LoadRow<T>(RowPtr{const_cast<char*>(ids), sizeof(T)}, r, &values_);
+      }
+    }
+    StoreMin(lowest_, row);
+  }
+
+  // The error of the recorded row, in O(R log R) time and O(R) memory
+  // whatever S is. Requires a recorded row and a finished pass.
+  SortIdError Error(int64_t s) const {
+    const BadPosition bad = FirstBadPosition(values_, s);
+    return {recorded_, bad.position, values_[static_cast<size_t>(bad.position)], bad.first};
+  }
+
+ private:
+  std::atomic<int64_t> lowest_;
+  std::mutex mu_;
+  int64_t recorded_;             // guarded by mu_
+  std::vector<int64_t> values_;  // guarded by mu_
+};
 
 // SortTyped for sparse rows (PreferSortingToBitmap): the same two passes, by
 // comparison.
 template <typename T>
 absl::Status SortSparseTyped(const SortTokensArgs& args, const IndexSnapshot& snapshot,
-                             ThreadPool* pool) {
+                             ThreadPool* pool) {  // snapshot: storage, filled by pass 1
   const TensorView& ids = args.ids;
   const TensorView& copy = snapshot.view();
   const TensorView& out = args.out.has_value() ? *args.out : ids;
@@ -160,24 +200,22 @@ absl::Status SortSparseTyped(const SortTokensArgs& args, const IndexSnapshot& sn
   const int64_t row_cost = r * 32 + (has_inverse ? s : 0);
   const int64_t grain = std::max<int64_t>(1, kChunkWork / std::max<int64_t>(row_cost, 1));
 
-  std::atomic<int64_t> first_bad{rows};
+  FirstBadRow bad(rows);
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> row_ids;
     for (int64_t row = begin; row < end; ++row) {
-      if (row > first_bad.load(std::memory_order_relaxed)) return;
+      if (row > bad.lowest()) return;
       snapshot.CopyRow(row);
       LoadRow<T>(RowOf(copy, row), r, &row_ids);
       if (!SortAndCheckUniqueInRange(&row_ids, s)) {
-        StoreMin(first_bad, row);
+        bad.Record<T>(row, snapshot.Row(row), r);
         return;
       }
     }
   });
   // Skipped chunks left rows unchecked: stop before using the snapshot.
   RETURN_IF_ERROR(CheckStop());
-  if (const int64_t bad = first_bad.load(); bad < rows) {
-    return SortIdStatus(ids, s, RowError<T>(copy, bad, s));
-  }
+  if (bad.lowest() < rows) return SortIdStatus(ids, s, bad.Error(s));
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> row_ids;
     for (int64_t row = begin; row < end; ++row) {
@@ -203,42 +241,50 @@ absl::Status SortTyped(const SortTokensArgs& args, ThreadPool* pool) {
   const int64_t r = ids.shape[ids.rank - 1];
   const int64_t rows = ids.NumRows();
   if (rows == 0) return absl::OkStatus();
-  const IndexSnapshot snapshot(ids);  // filled row by row in pass 1
-  const TensorView& copy = snapshot.view();
-  if (PreferSortingToBitmap(r, s)) return SortSparseTyped<T>(args, snapshot, pool);
+  if (PreferSortingToBitmap(r, s)) return SortSparseTyped<T>(args, IndexSnapshot(ids), pool);
   const int64_t words = BitmapWords(s);
   const int64_t grain = std::max<int64_t>(1, kChunkWork / SortRowCost(r, s, has_inverse));
-  const bool keep = KeepBitmaps(rows, words);
-  // Zeroed per row by pass 1 (in parallel), not here.
+  const bool keep = KeepBitmaps(rows, words, r);
+  // Kept bitmaps, zeroed per row by pass 1 (in parallel), not here; else a
+  // snapshot of the ids, filled by pass 1, for pass 2 to mark again.
   std::unique_ptr<uint64_t[]> kept;
-  if (keep) kept.reset(new uint64_t[static_cast<size_t>(rows * words)]);
+  IndexSnapshot snapshot;
+  if (keep) {
+    kept.reset(new uint64_t[static_cast<size_t>(rows * words)]);
+  } else {
+    snapshot = IndexSnapshot(ids);
+  }
+  const TensorView& copy = snapshot.view();
 
-  // Pass 1: validate every row; remember the lowest invalid row.
-  std::atomic<int64_t> first_bad{rows};
+  // Pass 1: validate a private copy of every row; record the lowest invalid.
+  FirstBadRow bad(rows);
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> local;
-    if (!keep) local.assign(static_cast<size_t>(words), 0);
+    std::unique_ptr<T[]> row_copy;
+    if (keep) {
+      row_copy.reset(new T[static_cast<size_t>(r)]);
+    } else {
+      local.assign(static_cast<size_t>(words), 0);
+    }
     for (int64_t row = begin; row < end; ++row) {
-      if (row > first_bad.load(std::memory_order_relaxed)) return;
+      if (row > bad.lowest()) return;
       uint64_t* bits = keep ? kept.get() + row * words : local.data();
       if (keep) std::memset(bits, 0, static_cast<size_t>(words) * sizeof(uint64_t));
-      snapshot.CopyRow(row);
-      const bool bad = MarkRow<T>(RowOf(copy, row), r, s, bits) >= 0;
+      T* private_row = keep ? row_copy.get() : reinterpret_cast<T*>(snapshot.Row(row));
+      const int64_t pos = CopyAndMarkRow<T>(RowOf(ids, row), r, s, bits, private_row);
       if (!keep) std::fill(local.begin(), local.end(), 0);
-      if (bad) {
-        StoreMin(first_bad, row);
+      if (pos >= 0) {  // the row up to its first offence is enough for the message
+        bad.Record<T>(row, reinterpret_cast<const char*>(private_row), pos + 1);
         return;
       }
     }
   });
-  // Skipped chunks left rows unchecked: stop before using the snapshot.
+  // Skipped chunks left rows unchecked: stop before using any result.
   RETURN_IF_ERROR(CheckStop());
-  if (const int64_t bad = first_bad.load(); bad < rows) {
-    return SortIdStatus(ids, s, RowError<T>(copy, bad, s));
-  }
+  if (bad.lowest() < rows) return SortIdStatus(ids, s, bad.Error(s));
 
-  // Pass 2: write, from the bitmaps or the snapshot (never from `ids`, which
-  // in place is also the output).
+  // Pass 2: write, from the kept bitmaps or the snapshot (never from `ids`,
+  // which in place is also the output).
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> local;
     if (!keep) local.assign(static_cast<size_t>(words), 0);
@@ -271,20 +317,28 @@ uint64_t ScratchBytes(const SortTokensArgs& args, int threads) {
   const int64_t r = ids.shape[ids.rank - 1];
   const int64_t rows = ids.NumRows();
   if (rows == 0) return kStatusScratchBytes;
-  uint64_t fixed = IndexSnapshot::BytesFor(ids);
+  uint64_t fixed;      // for the whole call
   uint64_t per_chunk;  // per live chunk of either pass
   if (PreferSortingToBitmap(r, s)) {
+    fixed = IndexSnapshot::BytesFor(ids);
     per_chunk = SatMul3(r, sizeof(int64_t), 1);  // the row's ids
   } else {
     const int64_t words = BitmapWords(s);
-    const bool keep = KeepBitmaps(rows, words);
-    if (keep) fixed = SatAdd(fixed, SatMul3(rows, words, sizeof(uint64_t)));
-    per_chunk = keep ? 0 : SatMul3(words, sizeof(uint64_t), 1);
+    if (KeepBitmaps(rows, words, r)) {
+      fixed = SatMul3(rows, words, sizeof(uint64_t));
+      per_chunk = SatMul3(r, ids.elem_size(), 1);  // the row's private copy
+    } else {
+      fixed = IndexSnapshot::BytesFor(ids);
+      per_chunk = SatMul3(words, sizeof(uint64_t), 1);
+    }
   }
-  // The error of a bad row: its values and (value, position) pairs.
-  const uint64_t row_error = SatMul3(r, sizeof(int64_t) + 2 * sizeof(int64_t), 1);
-  const uint64_t phase = std::max(SatMul(LiveChunks(threads, rows), per_chunk), row_error);
-  return SatAdd(SatAdd(fixed, phase), kStatusScratchBytes);
+  // The lowest invalid row's values (recorded during pass 1), and for its
+  // message their (value, position) pairs.
+  const uint64_t recorded = SatMul3(r, sizeof(int64_t), 1);
+  const uint64_t message = SatMul3(r, 2 * sizeof(int64_t), 1);
+  const uint64_t phases =
+      SatAdd(recorded, std::max(SatMul(LiveChunks(threads, rows), per_chunk), message));
+  return SatAdd(SatAdd(fixed, phases), kStatusScratchBytes);
 }
 
 }  // namespace tokensel::kernels::cpu

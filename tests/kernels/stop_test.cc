@@ -225,6 +225,37 @@ TEST(StopTest, LongGatherStopsSoonAfterTheTokenAndLeavesRowsUnwritten) {
   }
 }
 
+TEST(StopTest, LongSegmentRunsAreExactAndStopSoonAfterTheToken) {
+  // A zero-strided id view: one run as long as the row, from 4 bytes.
+  int32_t one = 1;
+  int32_t seqlen = -7, offset[2] = {-7, -7};
+  k::SegmentSeqlensArgs args;
+  args.max_segments = 1;
+  args.q.seqlen = TensorView::Contiguous(&seqlen, DType::kInt32, {1, 1});
+  args.q.offset = TensorView::Contiguous(offset, DType::kInt32, {1, 2});
+  for (int threads : {1, 3}) {
+    auto pool = MakePool(threads);
+    constexpr int64_t kT = 300000;  // several stop spans
+    args.segment_ids_q = TensorView::Strided(&one, DType::kInt32, {1, kT}, {1, 0});
+    NeverToken never;
+    {
+      ScopedStopToken scope(&never);
+      ASSERT_OK(k::cpu::SegmentSeqlens(args, pool.get()));
+    }
+    EXPECT_EQ(seqlen, kT);
+    EXPECT_EQ(offset[0], 0);
+    EXPECT_EQ(offset[1], -1);
+    EXPECT_GE(never.checks(), kT >> 16);  // polled between spans
+    seqlen = -7;
+    args.segment_ids_q = TensorView::Strided(&one, DType::kInt32, {1, INT32_MAX}, {1, 0});
+    CountdownToken token(5);
+    ScopedStopToken scope(&token);
+    EXPECT_THAT(k::cpu::SegmentSeqlens(args, pool.get()), StatusIs(absl::StatusCode::kCancelled));
+    EXPECT_LT(Seconds(Clock::now() - token.fired()), 1.0);
+    EXPECT_EQ(seqlen, -7);  // stopped before writing
+  }
+}
+
 // A stop during validation is the stop, not the (later) data error and not a
 // write based on the rows checked so far; also for a token that goes back to
 // OK after firing once.
