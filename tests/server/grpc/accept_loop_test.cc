@@ -134,6 +134,13 @@ TEST_F(AcceptLoopTest, ConnectionsOverTheCapAreClosedAtOnce) {
 }
 
 TEST_F(AcceptLoopTest, AcceptingGoesOnAtTheDescriptorLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan checks a vptr by probing memory through a pipe; at EMFILE it
+  // cannot make one and reports every virtual call as invalid. The dev
+  // preset runs this test; NetTest.ConnectionFloodAtFdLimitIsRefusedAndThe
+  // ServerRecovers covers EMFILE in a separate (sanitized) server process.
+  GTEST_SKIP() << "in-process descriptor exhaustion blinds the sanitizer runtime";
+#endif
   AcceptLoopOptions options;
   options.fd_limit_backoff = absl::Milliseconds(5);
   ASSERT_NO_FATAL_FAILURE(Start(1000, 1000, options));

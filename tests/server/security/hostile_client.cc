@@ -100,6 +100,26 @@ absl::StatusOr<tc::Client> Connect(const std::map<std::string, std::string>& fla
   return tc::Client::Connect(flags.at("target"), {.deadline = absl::Seconds(20)});
 }
 
+// Registers named object `region` as `name`: by descriptor, or, against a
+// server without an fd channel (tokensel before the trust-boundary work, to
+// show what these attacks did to it), by name.
+absl::StatusOr<v1::BufferInfo> Register(tc::Session& session, const tc::SharedRegion& region,
+                                        const std::string& name) {
+  absl::StatusOr<v1::BufferInfo> info = session.RegisterBuffer(region.RegisterRequest(name));
+  if (!absl::IsUnavailable(info.status())) return info;
+  v1::RegisterBufferRequest by_name;
+  by_name.set_name(name);
+  by_name.mutable_host_shm()->set_shm_name(region.name());
+  by_name.mutable_host_shm()->set_size(region.size());
+  v1::RegisterBufferResponse response;
+  const tc::Client client = session.client();
+  std::unique_ptr<grpc::ClientContext> ctx = client.NewContext();
+  const grpc::Status status = client.stub().RegisterBuffer(ctx.get(), by_name, &response);
+  if (!status.ok()) return info.status();
+  std::fprintf(stderr, "hostile_client: no fd channel; registered %s by name\n", name.c_str());
+  return response.buffer();
+}
+
 // ------------------------------------------------------------------- race --
 
 // The ops of the race, by reference on buffer "race" (race_layout.h).
@@ -181,7 +201,7 @@ int Race(const std::map<std::string, std::string>& flags) {
   absl::StatusOr<std::unique_ptr<tc::Session>> session =
       tc::Session::Open(*client, {.client_name = "race"});
   if (!session.ok()) return Fail(session.status().ToString());
-  absl::Status registered = (*session)->RegisterBuffer(region->RegisterRequest("race")).status();
+  absl::Status registered = Register(**session, *region, "race").status();
   if (!registered.ok()) return Fail(registered.ToString());
   const std::vector<uint8_t> initial(region->data(), region->data() + L.bytes);
   Print(absl::StrCat("READY shm=", name));
@@ -308,8 +328,7 @@ int Truncate(const std::map<std::string, std::string>& flags) {
   if (!client.ok()) return Fail(client.status().ToString());
   absl::StatusOr<std::unique_ptr<tc::Session>> session = tc::Session::Open(*client, {});
   if (!session.ok()) return Fail(session.status().ToString());
-  absl::StatusOr<v1::BufferInfo> info =
-      (*session)->RegisterBuffer(region->RegisterRequest("shrinking"));
+  absl::StatusOr<v1::BufferInfo> info = Register(**session, *region, "shrinking");
   if (!info.ok()) return Fail(info.status().ToString());
   v1::GatherTokensRequest gather;
   *gather.mutable_activations() = tc::TensorRef::InBuffer("shrinking", 0)
