@@ -31,8 +31,9 @@
 //    minimum that was seen. The keep keys are computed in wrapping unsigned
 //    arithmetic, so a position rewritten to INT_MIN is not an overflow.
 //  - Staging, totals and aggregates are private; phase 2 reads only them.
-// Long rows (a zero-strided id view can be 2^31 tokens of a tiny request)
-// check the stop token about every kStopSpan tokens.
+// Runs longer than kStopSpan tokens (a zero-strided id view is one run of up
+// to 2^31 tokens from a tiny request) check the stop token every kStopSpan
+// tokens; shorter runs take the plain scan.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -113,29 +114,13 @@ int64_t SkipEqualBlocks(const R& ids, int64_t t, int64_t n, typename R::Type v) 
   return t;
 }
 
-// Tokens a row walk goes between two stop checks.
+// Tokens of a long run between two stop checks.
 constexpr int64_t kStopSpan = int64_t{1} << 16;
-
-// Polls the stop token about every kStopSpan tokens of a row walk.
-class StopPoll {
- public:
-  // True once the op must stop (the caller abandons the row; the phase's
-  // CheckStop() reports it).
-  bool Stopped(int64_t t) {
-    if (t < next_) return false;
-    next_ = t + kStopSpan;
-    return !CheckStop().ok();
-  }
-
- private:
-  int64_t next_ = kStopSpan;
-};
 
 // The first index in [t, end) whose id differs from v, or end.
 template <typename R>
 int64_t SkipEqual(const R& ids, int64_t t, int64_t end, typename R::Type v) {
   if constexpr (R::kContiguous) {
-    // 256-byte blocks, then 32-byte blocks, then single ids.
     t = SkipEqualBlocks<256 / sizeof(typename R::Type)>(ids, t, end, v);
     t = SkipEqualBlocks<32 / sizeof(typename R::Type)>(ids, t, end, v);
   }
@@ -143,26 +128,34 @@ int64_t SkipEqual(const R& ids, int64_t t, int64_t end, typename R::Type v) {
   return t;
 }
 
-// RunEnd for a run that may be longer than kStopSpan: span by span, polling
-// the stop token between spans (kept out of line, off the hot path).
+// RunEnd for a run that may be longer than kStopSpan: span by span, checking
+// the stop token between spans (kept out of line, off the hot path). On a
+// stop, n (the caller's row is abandoned; the phase's CheckStop() reports).
 template <typename R>
-__attribute__((noinline)) int64_t LongRunEnd(const R& ids, int64_t t, int64_t n, typename R::Type v,
-                                             StopPoll& poll) {
+__attribute__((noinline)) int64_t LongRunEnd(const R& ids, int64_t t, int64_t n,
+                                             typename R::Type v) {
   for (;;) {
     const int64_t end = n - t > kStopSpan ? t + kStopSpan : n;
     t = SkipEqual(ids, t, end, v);
     if (t < end || end == n) return t;
-    if (poll.Stopped(t)) return n;
+    if (!CheckStop().ok()) return n;
   }
 }
 
 // End of the run of id `v` starting at t (ids[t] was read as v): the first
 // index after t whose id differs from v, in (t, n]. On a stop, n.
 template <typename R>
-int64_t RunEnd(const R& ids, int64_t t, int64_t n, typename R::Type v, StopPoll& poll) {
+int64_t RunEnd(const R& ids, int64_t t, int64_t n, typename R::Type v) {
+  using T = typename R::Type;
   ++t;
-  if (n - t <= kStopSpan) return SkipEqual(ids, t, n, v);
-  return LongRunEnd(ids, t, n, v, poll);
+  if (n - t > kStopSpan) return LongRunEnd(ids, t, n, v);
+  if constexpr (R::kContiguous) {
+    // 256-byte blocks, then 32-byte blocks, then single ids.
+    t = SkipEqualBlocks<256 / sizeof(T)>(ids, t, n, v);
+    t = SkipEqualBlocks<32 / sizeof(T)>(ids, t, n, v);
+  }
+  while (t < n && ids[t] == v) ++t;
+  return t;
 }
 
 // Staged outputs of one (row, side): seqlen [NS] then offset [NS+1].
@@ -179,15 +172,13 @@ void PushOffset(Stage* st, int64_t ns, int64_t t) {
 // Self-attention row: validate and stage in one pass over the ids.
 template <typename IdR>
 SegmentError SelfRow(const IdR& ids, int64_t n, int64_t ns, Stage* st) {
-  StopPoll poll;
   int64_t last = 0;
   for (int64_t t = 0; t < n;) {
     const typename IdR::Type id = ids[t];  // the one read of this run's id
     const int64_t v = id;
     const SegmentErrorKind kind = SegmentCheckRunStart(v, last, ns);
     if (kind != SegmentErrorKind::kNone) return {kind, false, false, t, v, last};
-    if (poll.Stopped(t)) return {};
-    const int64_t end = RunEnd(ids, t, n, id, poll);
+    const int64_t end = RunEnd(ids, t, n, id);
     if (v != 0) {
       st->seqlen[v - 1] = static_cast<int32_t>(end - t);
       PushOffset(st, ns, t);
@@ -203,15 +194,13 @@ SegmentError SelfRow(const IdR& ids, int64_t n, int64_t ns, Stage* st) {
 template <typename IdR, typename PosR>
 SegmentError AggregateSide(const IdR& ids, const PosR& pos, bool read_pos, int64_t n, int64_t ns,
                            bool kv_side, SegmentAgg* agg) {
-  StopPoll poll;
   int64_t last = 0;
   for (int64_t t = 0; t < n;) {
     const typename IdR::Type id = ids[t];  // the one read of this run's id
     const int64_t v = id;
     const SegmentErrorKind kind = SegmentCheckRunStart(v, last, ns);
     if (kind != SegmentErrorKind::kNone) return {kind, kv_side, false, t, v, last};
-    if (poll.Stopped(t)) return {};
-    const int64_t end = RunEnd(ids, t, n, id, poll);
+    const int64_t end = RunEnd(ids, t, n, id);
     if (v != 0) {
       SegmentAgg& a = agg[v];
       a.cnt = end - t;
@@ -227,7 +216,7 @@ SegmentError AggregateSide(const IdR& ids, const PosR& pos, bool read_pos, int64
             lo = p < lo ? p : lo;
             hi = p > hi ? p : hi;
           }
-          if (span_end < end && poll.Stopped(span_end)) return {};
+          if (span_end < end && !CheckStop().ok()) return {};
         }
         if (lo < 0) {
           // The first negative position, searched inside the run only.
