@@ -246,17 +246,26 @@ int Flip(const std::map<std::string, std::string>& flags) {
   close(fd);
   if (p == MAP_FAILED) return Fail(absl::StrCat("mmap: ", std::strerror(errno)));
   auto* words = static_cast<volatile int32_t*>(p);
-  const size_t n = L.control_bytes / 4;
   Print("READY");
   const absl::Time end = absl::Now() + absl::Seconds(std::stoi(flags.at("seconds")));
   int64_t sweeps = 0;
   // Valid small values, then the worst: huge, negative, just past the end.
   static constexpr int32_t kBad[] = {INT32_MAX, -1, INT32_MIN, 1 << 20, RaceLayout::kS};
+  // One tensor's words at a time, toggled as fast as they can be written
+  // (a few microseconds a pass, about an op's length), so that an op sees
+  // them change between any two reads; every tensor gets its turn each
+  // millisecond or so.
+  const std::pair<uint64_t, uint64_t> regions[] = {
+      {L.gather_idx, L.scatter_idx}, {L.scatter_idx, L.sort_ids}, {L.sort_ids, L.seg_ids},
+      {L.seg_ids, L.seg_pos},        {L.seg_pos, L.scores},       {L.scores, L.control_bytes}};
   while (absl::Now() < end) {
-    for (int phase = 0; phase < 4; ++phase, ++sweeps) {
-      for (size_t i = 0; i < n; ++i) {
-        words[i] = phase % 2 == 0 ? static_cast<int32_t>((i * 7 + sweeps) % RaceLayout::kNS)
-                                  : kBad[(i + sweeps) % std::size(kBad)];
+    for (const auto& [begin, stop] : regions) {
+      const size_t first = begin / 4, last = stop / 4;
+      for (int pass = 0; pass < 16; ++pass, ++sweeps) {
+        for (size_t i = first; i < last; ++i) {
+          words[i] = pass % 2 == 0 ? static_cast<int32_t>((i * 7 + sweeps) % RaceLayout::kNS)
+                                   : kBad[(i + sweeps) % std::size(kBad)];
+        }
       }
     }
   }

@@ -14,21 +14,23 @@
 namespace tokensel::security {
 
 struct RaceLayout {
-  static constexpr int64_t kS = 256;  // tokens per row (gather/scatter/sort/topk/masks)
+  // Sizes chosen so that an op takes tens of microseconds between its reads
+  // of the control tensors: the window a racing writer has to hit.
+  static constexpr int64_t kS = 512;  // tokens per row (gather/scatter/sort/topk/masks)
   static constexpr int64_t kNS = 64;  // max segments
 
-  int64_t B = 16, S = kS, C = 16, R = 64;  // token tensors
-  int64_t MB = 2;                           // mask batch
-  int64_t SB = 4, T = 1024, NS = kNS;       // segment ids [SB, T]
+  int64_t B = 32, S = kS, C = 16, R = 128;  // token tensors
+  int64_t MB = 2;                            // mask batch
+  int64_t SB = 8, T = 2048, NS = kNS;        // segment ids [SB, T]
 
   // Byte offsets.
-  uint64_t gather_idx = 0, scatter_idx = 4096, sort_ids = 8192;
-  uint64_t seg_ids = 12288, seg_pos = 28672, scores = 45056;
-  uint64_t control_bytes = 65536;
-  uint64_t acts = 65536, gather_out = 327680, layer = 393216, mask = 458752;
-  uint64_t bert_out = 589824, gpt_out = 598016, sort_inverse = 606208;
-  uint64_t sample_bert_out = 622592;
-  uint64_t bytes = 655360;
+  uint64_t gather_idx = 0, scatter_idx = 16384, sort_ids = 32768;
+  uint64_t seg_ids = 49152, seg_pos = 114688, scores = 180224;
+  uint64_t control_bytes = 262144;
+  uint64_t acts = 262144, gather_out = 1310720, layer = 1572864, mask = 1835008;
+  uint64_t bert_out = 2359296, gpt_out = 2392064, sort_inverse = 2424832;
+  uint64_t sample_bert_out = 2490368, sample_bert_bytes = 32768;
+  uint64_t bytes = 2621440;
 
   static const RaceLayout& Get() {
     static const RaceLayout layout;
@@ -39,13 +41,13 @@ struct RaceLayout {
   std::vector<std::pair<uint64_t, uint64_t>> Writable() const {
     return {{acts, gather_out},         {gather_out, layer},
             {bert_out, gpt_out},        {gpt_out, sort_inverse},
-            {sort_inverse, sample_bert_out}, {sample_bert_out, sample_bert_out + 8192}};
+            {sort_inverse, sample_bert_out}, {sample_bert_out, sample_bert_out + sample_bert_bytes}};
   }
 
   // The data area minus Writable(): [layer, mask) (inputs only), the masks,
   // and the tail.
   std::vector<std::pair<uint64_t, uint64_t>> Guards() const {
-    return {{layer, bert_out}, {sample_bert_out + 8192, bytes}};
+    return {{layer, bert_out}, {sample_bert_out + sample_bert_bytes, bytes}};
   }
 
   // Valid control tensors and patterned data.
