@@ -12,14 +12,32 @@ import tempfile
 import time
 
 import grpc
+import numpy
 import pytest
 
 import tokensel
 from tokensel.v1 import tokensel_pb2 as pb
 from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
 
+try:
+    import torch
+except ImportError:  # the package works without it; its tests skip
+    torch = None
+
+requires_torch = pytest.mark.skipif(
+    torch is None, reason="torch is not installed (pip install 'tokensel[torch]')")
+
 STARTUP_TIMEOUT_S = 30.0
 PR_SET_PDEATHSIG = 1
+
+
+def pytest_report_header(config):
+    """Which end of the supported range this run is (install-pyclient-ends.sh)."""
+    from google.protobuf import __version__ as protobuf_version
+    from google.protobuf.internal import api_implementation
+    return "tokensel %s: grpcio %s, protobuf %s (%s), numpy %s, torch %s" % (
+        tokensel.__version__, grpc.__version__, protobuf_version, api_implementation.Type(),
+        numpy.__version__, torch.__version__ if torch else "absent")
 
 
 def _die_with_parent():
