@@ -69,21 +69,25 @@ class Server:
 
     def _wait_serving(self):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        with grpc.insecure_channel(self.target) as channel:
-            stub = pb_grpc.TokenSelectStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("tokensel-server exited with %d:\n%s"
-                                       % (self.proc.returncode, self.log()))
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("tokensel-server exited with %d:\n%s"
+                                   % (self.proc.returncode, self.log()))
+            # A fresh channel with its own subchannel per attempt: one that
+            # failed to connect keeps failing for its reconnect backoff, ~5 s
+            # on grpcio 1.51 whatever the backoff options say.
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            with grpc.insecure_channel(self.target, options=options) as channel:
                 try:
-                    stub.Ping(pb.PingRequest(), timeout=1.0)
+                    pb_grpc.TokenSelectStub(channel).Ping(pb.PingRequest(), timeout=1.0)
                     return
                 except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError("tokensel-server not serving after %.0f s:\n%s"
-                                           % (STARTUP_TIMEOUT_S, self.log()))
-                    time.sleep(0.05)
+                    pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("tokensel-server not serving after %.0f s:\n%s"
+                                   % (STARTUP_TIMEOUT_S, self.log()))
+            time.sleep(0.05)
 
     def kill(self):
         """SIGKILL (no cleanup: the socket file stays) and reap."""
