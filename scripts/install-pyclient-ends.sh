@@ -47,8 +47,11 @@ oldest_pins="$("$python" - <<'EOF'
 import re, tomllib
 deps = tomllib.load(open("client/python/pyproject.toml", "rb"))["project"]["dependencies"]
 for name in ("grpcio", "protobuf"):
-    (low,) = [m.group(1) for d in deps for m in [re.fullmatch(name + r">=([\d.]+)", d)] if m]
-    print("%s==%s" % (name, low))
+    lows = [m.group(1) for d in deps if re.split(r"[\s<>=!~;\[]", d, 1)[0] == name
+            for m in [re.search(r">=\s*([\w.]+)", d)] if m]
+    if len(lows) != 1:
+        raise SystemExit("install-pyclient-ends: no single %s>=X in %s" % (name, deps))
+    print("%s==%s" % (name, lows[0]))
 EOF
 )"
 
@@ -72,7 +75,8 @@ pip "$newest" install --upgrade grpcio protobuf numpy pytest build
 rm -rf client/python/build client/python/src/*.egg-info
 wheel="$(ls "$newest"/dist/tokensel-*-py3-none-any.whl)"
 before="$(pip "$newest" freeze)"
-pip "$newest" install --no-index "$wheel[test]"
+pip "$newest" install --no-index "$wheel[test]" ||
+  { echo "install-pyclient-ends: $wheel excludes the newest releases (an upper pin?)" >&2; exit 1; }
 check_tokensel "$newest"
 if [ "$(pip "$newest" freeze --exclude tokensel)" != "$before" ]; then
   echo "install-pyclient-ends: installing tokensel changed $newest's packages:" >&2
@@ -86,7 +90,8 @@ assert u.find_spec('torch') is None and u.find_spec('cuda') is None"
 fresh_venv "$oldest" --system-site-packages
 # shellcheck disable=SC2086  # one pin per word
 pip "$oldest" install $oldest_pins pytest
-pip "$oldest" install --no-index "$wheel[torch,test]"
+pip "$oldest" install --no-index "$wheel[torch,test]" ||
+  { echo "install-pyclient-ends: $wheel excludes $oldest_pins or Debian's numpy/torch" >&2; exit 1; }
 check_tokensel "$oldest"
 
 for venv in "$newest" "$oldest"; do
