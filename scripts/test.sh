@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install dependencies (Debian packages; the pinned PyPI
-# tools that validate deploy/; the Python client's venv), build the `dev` preset (CUDA targets too when
+# tools that validate deploy/; the Python client's venvs: the main one and
+# its wheel at both ends of its dependency range), build the `dev` preset (CUDA targets too when
 # nvcc is available) and run every test with ctest; then the hardening runs:
 # the whole suite again under ASan + UBSan (`asan`), the concurrency suites
 # under ThreadSanitizer (`tsan`), and a bounded libFuzzer run per fuzz target
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/install-tools.sh
 scripts/install-pyclient.sh
+scripts/install-pyclient-ends.sh
 cmake --preset dev
 cmake --build --preset dev
 ctest --preset dev "$@"

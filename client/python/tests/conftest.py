@@ -12,14 +12,32 @@ import tempfile
 import time
 
 import grpc
+import numpy
 import pytest
 
 import tokensel
 from tokensel.v1 import tokensel_pb2 as pb
 from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
 
+try:
+    import torch
+except ImportError:  # the package works without it; its tests skip
+    torch = None
+
+requires_torch = pytest.mark.skipif(
+    torch is None, reason="torch is not installed (pip install 'tokensel[torch]')")
+
 STARTUP_TIMEOUT_S = 30.0
 PR_SET_PDEATHSIG = 1
+
+
+def pytest_report_header(config):
+    """Which end of the supported range this run is (install-pyclient-ends.sh)."""
+    from google.protobuf import __version__ as protobuf_version
+    from google.protobuf.internal import api_implementation
+    return "tokensel %s: grpcio %s, protobuf %s (%s), numpy %s, torch %s" % (
+        tokensel.__version__, grpc.__version__, protobuf_version, api_implementation.Type(),
+        numpy.__version__, torch.__version__ if torch else "absent")
 
 
 def _die_with_parent():
@@ -51,21 +69,25 @@ class Server:
 
     def _wait_serving(self):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        with grpc.insecure_channel(self.target) as channel:
-            stub = pb_grpc.TokenSelectStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("tokensel-server exited with %d:\n%s"
-                                       % (self.proc.returncode, self.log()))
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("tokensel-server exited with %d:\n%s"
+                                   % (self.proc.returncode, self.log()))
+            # A fresh channel with its own subchannel per attempt: one that
+            # failed to connect keeps failing for its reconnect backoff, ~5 s
+            # on grpcio 1.51 whatever the backoff options say.
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            with grpc.insecure_channel(self.target, options=options) as channel:
                 try:
-                    stub.Ping(pb.PingRequest(), timeout=1.0)
+                    pb_grpc.TokenSelectStub(channel).Ping(pb.PingRequest(), timeout=1.0)
                     return
                 except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError("tokensel-server not serving after %.0f s:\n%s"
-                                           % (STARTUP_TIMEOUT_S, self.log()))
-                    time.sleep(0.05)
+                    pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("tokensel-server not serving after %.0f s:\n%s"
+                                   % (STARTUP_TIMEOUT_S, self.log()))
+            time.sleep(0.05)
 
     def kill(self):
         """SIGKILL (no cleanup: the socket file stays) and reap."""

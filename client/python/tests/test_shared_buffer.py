@@ -3,9 +3,9 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 import tokensel
+from conftest import requires_torch, torch
 
 
 def test_views_are_passed_by_reference_and_written_in_place(client, server):
@@ -52,6 +52,7 @@ def test_strided_views_by_reference(client):
         assert req.indices.buffer.byte_offset == padded.nbytes
 
 
+@requires_torch
 def test_torch_views_bf16_by_reference(client):
     B, S, C, R = 2, 8, 4, 3
     with client.shared_buffer(4096) as buf:

@@ -1,2 +1,3 @@
-"""Generated tokensel.v1 stubs (tokensel_pb2, tokensel_pb2_grpc), built from
-proto/tokensel/v1/tokensel.proto when the package is built."""
+"""tokensel.v1 messages (tokensel_pb2) and the TokenSelect stub
+(tokensel_pb2_grpc), made at import from tokensel.proto's descriptor, which
+the package build serializes into tokensel_descriptor.bin."""
