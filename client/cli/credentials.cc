@@ -54,8 +54,11 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& what, const std::st
 absl::StatusOr<std::string> ReadToken(const std::string& source, const std::string& path) {
   absl::StatusOr<std::string> contents = ReadSmallFile(source, path);
   if (!contents.ok()) return contents.status();
+  // Once per process: bench connects once per worker.
+  static bool warned = false;
   struct stat st;
-  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+  if (!warned && stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    warned = true;
     std::fprintf(stderr,
                  "tokensel: warning: token file %s may be read by others (mode %04o); "
                  "chmod 600 it\n",
@@ -154,24 +157,20 @@ absl::StatusOr<TargetSecurity> ResolveSecurity(const std::string& target) {
       scheme_tls = tls;
     }
   }
-  if (security.target.empty()) return absl::InvalidArgumentError("--server has no host:port");
   if (!security.target.empty() && security.target.back() == '/') security.target.pop_back();
+  if (security.target.empty()) return absl::InvalidArgumentError("--server has no host:port");
 
-  absl::Status token_status = FindToken(&security);
-  if (!token_status.ok()) return token_status;
-  const bool token_from_flag = !absl::GetFlag(FLAGS_auth_token_file).empty();
-  const bool plaintext_asked = tls_forced_off || scheme_tls == false;
-  if (plaintext_asked) {
-    if (tls_flag || !ca_file.empty() || !server_name.empty() || token_from_flag) {
+  if (tls_forced_off || scheme_tls == false) {  // plaintext; an environment token is not sent
+    if (tls_flags_given) {
       return absl::InvalidArgumentError(absl::StrCat(
           tls_forced_off ? "--tls=false" : "an http:// target",
           " asks for plaintext, but --tls_ca, --tls_server_name or --auth_token_file was given "
           "(a token is never sent in clear)"));
     }
-    security.token.clear();  // an environment token is not sent in clear
-    security.token_source.clear();
     return security;
   }
+  absl::Status token_status = FindToken(&security);
+  if (!token_status.ok()) return token_status;
   security.tls = scheme_tls == true || tls_flags_given || !security.token.empty();
   if (!security.tls) return security;
   security.server_name = server_name;

@@ -216,6 +216,13 @@ TEST_F(CliTlsTest, ATokenFileOthersCanReadIsWarnedAbout) {
   CliResult r = Run({"info", Tcp(), Ca(), "--auth_token_file=" + open_file});
   EXPECT_EQ(r.exit_code, 0) << r.Describe();
   EXPECT_THAT(r.err, HasSubstr("may be read by others (mode 0644)")) << r.Describe();
+  // Once, though bench connects once per worker.
+  r = Run({"bench", Tcp(), Ca(), "--auth_token_file=" + open_file, "--op=ping", "--requests=6",
+           "--concurrency=3"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  const size_t first = r.err.find("may be read by others");
+  ASSERT_NE(first, std::string::npos) << r.Describe();
+  EXPECT_EQ(r.err.find("may be read by others", first + 1), std::string::npos) << r.Describe();
 }
 
 TEST_F(CliTlsTest, HelpListsTheSecurityFlags) {
