@@ -9,6 +9,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
+  openssl  # the TLS tests make their certificates with it (they fail without it)
   libabsl-dev
   libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc

@@ -213,26 +213,9 @@ const Command kBenchCommand = {
     "sockets) or travel inline. Exit 1 if any request failed.\n"
     "  tokensel bench --mix=gather:3,sort:1 --concurrency=8 --duration=10s --baseline\n"
     "  tokensel bench --server=10.0.0.5:50051 --op=topk --rate=2000 --requests=20000 --json",
-    {"server",
-     "timeout",
-     "json",
-     "op",
-     "mix",
-     "batch",
-     "original_tokens",
-     "retained_tokens",
-     "channels",
-     "dtype",
-     "layers",
-     "segments",
-     "seed",
-     "concurrency",
-     "duration",
-     "requests",
-     "rate",
-     "by_reference",
-     "warmup",
-     "baseline"},
+    ConnectionFlags({"json", "op", "mix", "batch", "original_tokens", "retained_tokens", "channels",
+                     "dtype", "layers", "segments", "seed", "concurrency", "duration", "requests",
+                     "rate", "by_reference", "warmup", "baseline"}),
     &RunBench};
 
 }  // namespace tokensel::cli

@@ -54,7 +54,7 @@ const Command kBuffersCommand = {
     "the buffers a session registered (ListBuffers)",
     "Lists the buffers of session --session (name, kind, bytes, device). A session\n"
     "sees only its own buffers, so without --session a fresh session lists none.",
-    {"server", "timeout", "json", "session"},
+    ConnectionFlags({"json", "session"}),
     &RunBuffers};
 
 }  // namespace tokensel::cli

@@ -35,7 +35,8 @@ struct Command {
 // The registry, in `tokensel help` order.
 const std::vector<Command>& Commands();
 
-// Prints "tokensel <cmd>: <status>" to stderr and returns kExitFailure
+// Prints "tokensel <cmd>: <status>" to stderr (a TLS or token failure
+// reworded to say which, credentials.h) and returns kExitFailure
 // (kExitUsage for INVALID_ARGUMENT raised by the CLI's own flag checks is
 // the caller's choice: use UsageError).
 int Fail(const char* command, const absl::Status& status);

@@ -2,13 +2,15 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
+#include "client/cli/credentials.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "tokensel/client/fd_channel.h"
 
 ABSL_FLAG(std::string, server, tokensel::client::kDefaultTarget,
-          "tokensel-server target: unix:///abs/path or host:port (plaintext)");
+          "tokensel-server target: unix:///abs/path, host:port or https://host:port.\n"
+          "TCP is TLS with --tls_ca/--tls/--tls_server_name/a token or https://, else\n"
+          "plaintext (a server started with --insecure_tcp)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "deadline of each call");
 ABSL_FLAG(std::string, session, "",
           "an existing session id (from the worker that owns it); empty = open a new session");
@@ -19,7 +21,12 @@ namespace {
 constexpr int kMaxMessageBytes = 256 << 20;
 }  // namespace
 
-std::vector<std::string> ConnectionFlags() { return {"server", "timeout"}; }
+std::vector<std::string> ConnectionFlags(std::initializer_list<const char*> more) {
+  std::vector<std::string> flags = {"server", "timeout"};
+  for (std::string& f : SecurityFlags()) flags.push_back(std::move(f));
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
 
 std::string TargetFlag() { return absl::GetFlag(FLAGS_server); }
 absl::Duration TimeoutFlag() { return absl::GetFlag(FLAGS_timeout); }
@@ -31,12 +38,17 @@ absl::StatusOr<client::Client> Connect(const std::string& target, absl::Duration
                                        bool wait_for_ready) {
   if (target.empty()) return absl::InvalidArgumentError("--server is empty");
   if (timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--timeout must be > 0");
+  absl::StatusOr<TargetSecurity> security = ResolveSecurity(target);
+  if (!security.ok()) return security.status();
+  SetLastTargetSecurity(*security);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(*security, &args);
+  auto channel = grpc::CreateCustomChannel(security->target, credentials, args);
   client::ClientOptions options;
+  options.auth_token = security->token;  // sent per call, only over TLS
   options.deadline = timeout;
   options.max_message_bytes = kMaxMessageBytes;
   options.wait_for_ready = wait_for_ready;

@@ -1,7 +1,10 @@
 // The connection flags every networked subcommand shares, and the clients
 // built from them:
-//   --server   target: unix:///abs/path or host:port (default: the server's
-//              default unix:///run/tokensel/tokensel.sock)
+//   --server   target: unix:///abs/path, host:port or https://host:port
+//              (default: the server's default unix:///run/tokensel/tokensel.sock)
+//   --tls, --tls_ca, --tls_server_name, --auth_token_file
+//              TLS and the bearer token of a secured TCP listener
+//              (credentials.h: which target gets TLS, the environment)
 //   --timeout  per-call deadline
 //   --session  an existing session id (buffers); empty = open a new one
 //
@@ -10,6 +13,7 @@
 #ifndef TOKENSEL_CLIENT_CLI_CONNECTION_H_
 #define TOKENSEL_CLIENT_CLI_CONNECTION_H_
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,8 +26,8 @@
 
 namespace tokensel::cli {
 
-// "server", "timeout".
-std::vector<std::string> ConnectionFlags();
+// "server", "timeout", the security flags (credentials.h), then `more`.
+std::vector<std::string> ConnectionFlags(std::initializer_list<const char*> more = {});
 
 std::string TargetFlag();
 absl::Duration TimeoutFlag();
@@ -33,7 +37,9 @@ bool IsUnixTarget(absl::string_view target);
 
 // A client with its own connection (its own channel and subchannel, so
 // several clients to one target do not share a transport), deadline
-// `timeout`, message limits 256 MiB (the server enforces its own).
+// `timeout`, message limits 256 MiB (the server enforces its own). TLS and
+// the token follow the security flags and environment (credentials.h);
+// INVALID_ARGUMENT when they do not fit the target.
 absl::StatusOr<client::Client> Connect(const std::string& target, absl::Duration timeout,
                                        bool wait_for_ready = false);
 // Connect(TargetFlag(), TimeoutFlag()).

@@ -115,7 +115,7 @@ const Command kDemoCommand = {
     "any check fails.\n"
     "  tokensel demo\n"
     "  tokensel demo --layers=2 --steps=1",
-    {"server", "timeout", "layers", "steps", "seed", "server_binary", "metrics_address"},
+    ConnectionFlags({"layers", "steps", "seed", "server_binary", "metrics_address"}),
     &RunDemo};
 
 }  // namespace tokensel::cli

@@ -1,6 +1,7 @@
 // `tokensel gather`: GatherTokens on inline .npy files.
 #include "absl/flags/flag.h"
 #include "client/cli/command.h"
+#include "client/cli/connection.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
 #include "tokensel/client/tensor_ref.h"
@@ -32,7 +33,7 @@ const Command kGatherCommand = {
     "Gathers the rows named by --indices ([B,R]) from --activations and writes\n"
     "--out ([B,R,C], or [R,B,C] with --seq_first). Any dtype; tensors inline.\n"
     "  tokensel gather --activations=x.npy --indices=idx.npy --out=part.npy",
-    {"server", "timeout", "activations", "indices", "out", "seq_first"},
+    ConnectionFlags({"activations", "indices", "out", "seq_first"}),
     &RunGather};
 
 }  // namespace tokensel::cli

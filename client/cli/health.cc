@@ -47,7 +47,7 @@ const Command kHealthCommand = {
     "grpc.health.v1 Check; exit 0 only when SERVING",
     "Calls grpc.health.v1.Health/Check and prints the serving status (SERVING,\n"
     "NOT_SERVING, ...). Exit 0 when SERVING, 1 otherwise or when the call fails.",
-    {"server", "timeout", "json", "service"},
+    ConnectionFlags({"json", "service"}),
     &RunHealth};
 
 }  // namespace tokensel::cli

@@ -51,7 +51,7 @@ const Command kInfoCommand = {
     "server version, backend, devices and limits (GetServerInfo)",
     "Prints what GetServerInfo returns: version, backend (cpu|cuda), memory kinds,\n"
     "the shm name prefix, limits and GPUs. --json prints the ServerInfo message.",
-    {"server", "timeout", "json"},
+    ConnectionFlags({"json"}),
     &RunInfo};
 
 }  // namespace tokensel::cli

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/cli/command.h"
+#include "client/cli/credentials.h"
 
 namespace tokensel::cli {
 namespace {
@@ -145,7 +146,10 @@ const std::vector<Command>& Commands() {
 bool FlagGiven(const std::string& name) { return GivenFlags().count(name) > 0; }
 
 int Fail(const char* command, const absl::Status& status) {
-  std::fprintf(stderr, "tokensel %s: %s\n", command, status.ToString().c_str());
+  const TargetSecurity* security = LastTargetSecurity();
+  const absl::Status explained =
+      security != nullptr ? ExplainSecurityError(status, *security) : status;
+  std::fprintf(stderr, "tokensel %s: %s\n", command, explained.ToString().c_str());
   return kExitFailure;
 }
 

@@ -1,6 +1,7 @@
 // `tokensel sample`: SampleTokens, outputs inline to .npy.
 #include "absl/flags/flag.h"
 #include "client/cli/command.h"
+#include "client/cli/connection.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
 #include "tokensel/client/tensor_ref.h"
@@ -47,16 +48,15 @@ int RunSample() { return RunInSession("sample", Sample); }
 }  // namespace
 
 const Command kSampleCommand = {
-    "sample",
-    "SampleTokens: seeded uniform R-of-S subsets per (layer, row)",
+    "sample", "SampleTokens: seeded uniform R-of-S subsets per (layer, row)",
     "Draws, for each of --layers x --batch rows, --retained_tokens distinct\n"
     "positions of [0, --original_tokens), ascending; a pure function of (--seed,\n"
     "--step, layer, row). Writes --out (int32 [L,B,R]); optionally --inverse\n"
     "(int32 [L,B,S]) and, given --mask, --bert_mask or --gpt_mask.\n"
     "  tokensel sample --batch=8 --original_tokens=512 --retained_tokens=256 --seed=1 "
     "--out=ids.npy",
-    {"server", "timeout", "layers", "batch", "original_tokens", "retained_tokens", "seed", "step",
-     "out", "inverse", "mask", "bert_mask", "gpt_mask"},
+    ConnectionFlags({"layers", "batch", "original_tokens", "retained_tokens", "seed", "step", "out",
+                     "inverse", "mask", "bert_mask", "gpt_mask"}),
     &RunSample};
 
 }  // namespace tokensel::cli

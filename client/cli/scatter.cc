@@ -1,6 +1,7 @@
 // `tokensel scatter`: ScatterTokens on inline .npy files.
 #include "absl/flags/flag.h"
 #include "client/cli/command.h"
+#include "client/cli/connection.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
 
@@ -31,7 +32,7 @@ const Command kScatterCommand = {
     "Writes the rows of --layer into a copy of --all at --indices (unique per row)\n"
     "and saves the result as --out; rows not named keep --all's values.\n"
     "  tokensel scatter --all=x.npy --layer=part.npy --indices=idx.npy --out=y.npy",
-    {"server", "timeout", "all", "layer", "indices", "out", "seq_first"},
+    ConnectionFlags({"all", "layer", "indices", "out", "seq_first"}),
     &RunScatter};
 
 }  // namespace tokensel::cli

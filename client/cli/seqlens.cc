@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
+#include "client/cli/connection.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
 #include "tokensel/client/tensor_ref.h"
@@ -83,15 +84,14 @@ int RunSeqlens() { return RunInSession("seqlens", Seqlens); }
 }  // namespace
 
 const Command kSeqlensCommand = {
-    "seqlens",
-    "SegmentSeqlens: THD seqlens/offsets from packed segment ids",
+    "seqlens", "SegmentSeqlens: THD seqlens/offsets from packed segment ids",
     "Computes per-segment lengths and offsets of packed sequences (Transformer\n"
     "Engine THD layout) from --segment_ids_q (ids 1..NS in runs, 0 = padding) and\n"
     "writes q_seqlen.npy, q_offset.npy (and q_packed_seqlens, q_packed_offsets,\n"
     "q_cu_seqlens with --packed; kv_* with --segment_ids_kv) into --out_dir.\n"
     "  tokensel seqlens --segment_ids_q=seg.npy --max_segments=16 --packed --out_dir=out",
-    {"server", "timeout", "segment_ids_q", "segment_pos_q", "segment_ids_kv", "segment_pos_kv",
-     "max_segments", "attn_mask", "packed", "out_dir"},
+    ConnectionFlags({"segment_ids_q", "segment_pos_q", "segment_ids_kv", "segment_pos_kv",
+                     "max_segments", "attn_mask", "packed", "out_dir"}),
     &RunSeqlens};
 
 }  // namespace tokensel::cli

@@ -1,6 +1,7 @@
 // `tokensel sort`: SortTokens on an inline .npy.
 #include "absl/flags/flag.h"
 #include "client/cli/command.h"
+#include "client/cli/connection.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
 #include "tokensel/client/tensor_ref.h"
@@ -34,7 +35,7 @@ const Command kSortCommand = {
     "writes --out; --inverse also writes the int32 inverse map (rank of each\n"
     "position, -1 if absent). Tensors travel inline.\n"
     "  tokensel sort --ids=ids.npy --original_tokens=512 --out=sorted.npy",
-    {"server", "timeout", "ids", "original_tokens", "out", "inverse"},
+    ConnectionFlags({"ids", "original_tokens", "out", "inverse"}),
     &RunSort};
 
 }  // namespace tokensel::cli

@@ -1,6 +1,7 @@
 // `tokensel topk`: TopKTokens on an inline .npy.
 #include "absl/flags/flag.h"
 #include "client/cli/command.h"
+#include "client/cli/connection.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
 #include "tokensel/client/tensor_ref.h"
@@ -31,7 +32,7 @@ const Command kTopKCommand = {
     "positions with the highest scores, in ascending position order (ties to the\n"
     "lower position, NaN lowest).\n"
     "  tokensel topk --scores=s.npy --retained_tokens=128 --out=ids.npy",
-    {"server", "timeout", "scores", "retained_tokens", "out"},
+    ConnectionFlags({"scores", "retained_tokens", "out"}),
     &RunTopK};
 
 }  // namespace tokensel::cli

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
@@ -25,13 +26,26 @@ std::string CliResult::Describe() const {
   return absl::StrCat("exit ", exit_code, "\n--- stdout ---\n", out, "\n--- stderr ---\n", err);
 }
 
-CliResult RunCli(const std::vector<std::string>& args, int timeout_seconds) {
+CliResult RunCli(const std::vector<std::string>& args, int timeout_seconds,
+                 const std::vector<std::string>& env) {
   CliResult result;
   std::vector<std::string> argv = {TOKENSEL_CLI_BINARY};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
+  // This process' environment without the CLI's token variables, then `env`
+  // (built before fork: the child only execs).
+  std::vector<std::string> envs;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry = *e;
+    if (absl::StartsWith(entry, "TOKENSEL_AUTH_TOKEN")) continue;
+    envs.emplace_back(entry);
+  }
+  envs.insert(envs.end(), env.begin(), env.end());
+  std::vector<char*> cenv;
+  for (auto& e : envs) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
     result.err = "pipe2 failed";
@@ -41,7 +55,7 @@ CliResult RunCli(const std::vector<std::string>& args, int timeout_seconds) {
   if (pid == 0) {
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
-    execv(cargv[0], cargv.data());
+    execve(cargv[0], cargv.data(), cenv.data());
     _exit(127);
   }
   close(out_pipe[1]);

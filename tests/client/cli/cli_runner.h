@@ -20,8 +20,11 @@ struct CliResult {
 };
 
 // Runs `tokensel <args...>`; a subprocess that runs longer than
-// `timeout_seconds` is killed (exit_code -1).
-CliResult RunCli(const std::vector<std::string>& args, int timeout_seconds = 120);
+// `timeout_seconds` is killed (exit_code -1). The child gets this process'
+// environment without $TOKENSEL_AUTH_TOKEN* (tests say which token they
+// mean), plus `env` ("NAME=value" entries).
+CliResult RunCli(const std::vector<std::string>& args, int timeout_seconds = 120,
+                 const std::vector<std::string>& env = {});
 
 // A fresh directory under /tmp, removed by the destructor.
 class TempDir {

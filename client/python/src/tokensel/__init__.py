@@ -13,7 +13,8 @@ from tokensel.cuda_ipc import CudaBuffer
 from tokensel.errors import (AlreadyExistsError, CudaUnavailableError, DeadlineExceededError,
                              FailedPreconditionError, InternalError, InvalidArgumentError,
                              NotFoundError, OutOfRangeError, PermissionDeniedError,
-                             ResourceExhaustedError, TokenselError, UnavailableError)
+                             ResourceExhaustedError, TlsHandshakeError, TokenselError,
+                             UnauthenticatedError, UnavailableError)
 from tokensel.ops import PreparedOp, SampleResult, SortResult
 from tokensel.shm import SharedBuffer
 
@@ -23,6 +24,7 @@ __all__ = [
     "SESSION_KEY", "Client", "CudaBuffer", "SharedBuffer", "PreparedOp", "SampleResult",
     "SortResult", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
     "AlreadyExistsError", "PermissionDeniedError", "FailedPreconditionError",
-    "CudaUnavailableError", "ResourceExhaustedError", "UnavailableError",
+    "CudaUnavailableError", "ResourceExhaustedError", "UnavailableError", "TlsHandshakeError",
+    "UnauthenticatedError",
     "DeadlineExceededError", "InternalError",
 ]

@@ -21,6 +21,16 @@ views stay usable; while the server is unreachable it retries every
 min(lease/3, 1 s). Calls made during the gap raise UnavailableError (server
 down) or NotFoundError (old session id); retry them after
 wait_reopened(). reopen() does the same on demand.
+
+A secured TCP listener (the server's --tls_cert/--tls_key/--auth_token_file):
+
+    with tokensel.Client("10.0.0.5:50051", tls_ca="ca.pem",
+                         auth_token=open("token").read().strip()) as client:
+        client.ping()
+
+A wrong CA raises TlsHandshakeError (an UnavailableError), no token
+UnauthenticatedError, a wrong token PermissionDeniedError; see
+tokensel.credentials for which target gets TLS.
 """
 import collections
 import functools
@@ -28,6 +38,7 @@ import threading
 
 import grpc
 
+from tokensel import credentials as credentials_module
 from tokensel import cuda_ipc, errors, shm
 from tokensel import fd_channel as fd_channel_module
 from tokensel.ops import OP_NAMES, OpBuilder
@@ -42,16 +53,27 @@ _Region = collections.namedtuple("_Region", "address size device owner request f
 
 
 class Client:
-    """A session with one server. `target`: "unix:///path" or "host:port".
-    `timeout`: default deadline (seconds) of every call; `lease_ttl`:
-    requested session lease in seconds (None = the server default);
-    `fd_channel`: the server's fd channel (default: derived from a unix
-    target), through which shared memory is registered."""
+    """A session with one server. `target`: "unix:///path", "host:port" or
+    "https://host:port". `timeout`: default deadline (seconds) of every call;
+    `lease_ttl`: requested session lease in seconds (None = the server
+    default); `fd_channel`: the server's fd channel (default: derived from a
+    unix target), through which shared memory is registered.
+
+    TCP security (any of these turns TLS on): `tls_ca`, the CA bundle that
+    signed the server's certificate (a path, or PEM bytes; None = the system
+    roots); `server_name`, the name the certificate must carry when it is
+    not the target's host; `auth_token`, the server's bearer token (str);
+    `credentials`, a grpc.ChannelCredentials used instead of tls_ca;
+    `tls=True` for the system roots alone, `tls=False` for plaintext."""
 
     def __init__(self, target="unix:///run/tokensel/tokensel.sock", *,
                  client_name="tokensel-python",
                  timeout=30.0, lease_ttl=None, max_message_bytes=64 << 20, keepalive=True,
-                 auto_reopen=True, fd_channel=None):
+                 auto_reopen=True, fd_channel=None, tls=None, tls_ca=None, server_name=None,
+                 auth_token=None, credentials=None):
+        self._security = credentials_module.Security(
+            target, tls=tls, tls_ca=tls_ca, server_name=server_name, auth_token=auth_token,
+            credentials=credentials)
         self.target = target
         self.fd_channel = fd_channel or fd_channel_module.channel_path(target)
         self.timeout = timeout
@@ -64,7 +86,7 @@ class Client:
                    # backoff grows to 120 s).
                    ("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", 5000)]
-        self._channel = grpc.insecure_channel(target, options=options)
+        self._channel = self._security.channel(options)
         self._stub = pb_grpc.TokenSelectStub(self._channel)
         self._lock = threading.Lock()
         # buffer name -> _Region(address, size, device, owner, request)
@@ -102,7 +124,7 @@ class Client:
             return getattr(self._stub, method)(
                 request, timeout=self.timeout if timeout is None else timeout, metadata=metadata)
         except grpc.RpcError as err:
-            raise errors.from_rpc_error(err) from None
+            raise self._security.explain(errors.from_rpc_error(err)) from None
 
     def _open_session(self):
         return self.call("OpenSession", pb.OpenSessionRequest(

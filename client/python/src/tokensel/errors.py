@@ -39,7 +39,14 @@ class AlreadyExistsError(TokenselError):
 
 
 class PermissionDeniedError(TokenselError):
+    """Also a TCP call whose bearer token the server refused (wrong token)."""
     code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class UnauthenticatedError(TokenselError):
+    """A TCP call without a (well-formed) bearer token, to a server that
+    wants one."""
+    code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class FailedPreconditionError(TokenselError):
@@ -59,6 +66,13 @@ class UnavailableError(TokenselError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class TlsHandshakeError(UnavailableError):
+    """The TLS handshake failed: the server's certificate is not signed by a
+    trusted CA (tls_ca), does not carry the expected name (server_name), or
+    the port does not speak TLS. Raised by the client, which recognises the
+    handshake in gRPC's UNAVAILABLE."""
+
+
 class DeadlineExceededError(TokenselError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
@@ -69,7 +83,7 @@ class InternalError(TokenselError):
 
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgumentError, OutOfRangeError, NotFoundError, AlreadyExistsError,
-    PermissionDeniedError, FailedPreconditionError, ResourceExhaustedError,
+    PermissionDeniedError, UnauthenticatedError, FailedPreconditionError, ResourceExhaustedError,
     UnavailableError, DeadlineExceededError, InternalError)}
 
 

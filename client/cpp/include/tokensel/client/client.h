@@ -119,7 +119,10 @@ class Client {
   // target or invalid options.
   static absl::StatusOr<Client> Connect(absl::string_view target, ClientOptions options = {});
   // A client over an existing channel (tests, custom credentials); only the
-  // per-call options (deadline, wait_for_ready) apply.
+  // per-call options apply (deadline, stream_deadline, wait_for_ready,
+  // auth_token: sent as metadata, so the channel should be TLS) and
+  // fd_channel. The channel's own settings (tls*, message limits, backoff)
+  // are the caller's.
   static Client FromChannel(std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
 
   // Copies bound to a session id / with another deadline / wait_for_ready.
