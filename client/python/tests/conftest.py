@@ -6,6 +6,7 @@ temp directory, with metrics off and a per-run --shm_prefix.
 """
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -45,6 +46,20 @@ def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# The server gets PR_SET_PDEATHSIG from util-linux's setpriv where there is one,
+# not from a preexec_fn: a preexec_fn makes subprocess fork() (not vfork) this
+# multi-threaded process, which runs grpcio's fork handlers while keep-alive
+# threads are inside gRPC (seen to hang the suite once in ~20 runs) and calls
+# dlopen in the child, whose locks another thread may have held at the fork.
+_SETPRIV = shutil.which("setpriv")
+
+
+def _spawn_dying_with_parent(argv, **kwargs):
+    if _SETPRIV:
+        return subprocess.Popen([_SETPRIV, "--pdeathsig", "KILL", "--", *argv], **kwargs)
+    return subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
+
+
 class Server:
     def __init__(self, binary, extra_args=(), *, replaces=None):
         """`replaces`: a dead Server whose socket path and shm prefix to reuse
@@ -57,10 +72,10 @@ class Server:
             self.target, self.shm_prefix = replaces.target, replaces.shm_prefix
         self.log_path = os.path.join(self.dir.name, "server.log")
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
+        self.proc = _spawn_dying_with_parent(
             [binary, "--listen=" + self.target, "--metrics_address=", "--threads=2",
              "--shm_prefix=" + self.shm_prefix, *extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_serving()
 
     def log(self):
