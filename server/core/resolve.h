@@ -45,7 +45,7 @@
 #include "server/core/buffer_registry.h"
 #include "server/core/memory_budget.h"
 #include "server/core/output_shapes.h"
-#include "server/core/request.h"
+#include "server/core/tensor_spec.h"
 
 namespace tokensel::core {
 
