@@ -46,6 +46,9 @@ class CudaBackend final : public core::Backend {
   ~CudaBackend() override;
 
   absl::string_view name() const override { return "cuda"; }
+  core::IpcEventSupport ipc_events() const override {
+    return core::IpcEventSupport::kNotImplemented;
+  }
   bool CanAccess(core::MemoryKind kind) const override {
     return kind == core::MemoryKind::kCudaDevice;
   }

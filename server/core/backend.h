@@ -5,6 +5,7 @@
 #ifndef TOKENSEL_SERVER_CORE_BACKEND_H_
 #define TOKENSEL_SERVER_CORE_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,10 +26,19 @@ struct DeviceDescription {
   uint64_t total_memory_bytes = 0;
 };
 
+// CUDA IPC events (Execute's wait_event / record_event): what a backend can
+// do with them.
+enum class IpcEventSupport : uint8_t {
+  kNoDevice,        // no CUDA device to wait on or record with (the CPU)
+  kNotImplemented,  // a CUDA device, but waiting and recording are not built yet
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual absl::string_view name() const = 0;  // "cpu" | "cuda" (metric label)
+  // Capability: decides how Execute answers a request that carries events.
+  virtual IpcEventSupport ipc_events() const { return IpcEventSupport::kNoDevice; }
   // Whether views into memory of this kind can be passed to Run.
   virtual bool CanAccess(MemoryKind kind) const = 0;
   virtual std::vector<DeviceDescription> devices() const { return {}; }

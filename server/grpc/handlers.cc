@@ -76,7 +76,7 @@ absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequ
                                const core::RunOptions& options) const {
   if (!request.wait_event().empty() || !request.record_event().empty()) {
     const absl::string_view field = request.wait_event().empty() ? "record_event" : "wait_event";
-    if (deps_.executor->backend().name() != "cuda") {
+    if (deps_.executor->backend().ipc_events() == core::IpcEventSupport::kNoDevice) {
       return absl::FailedPreconditionError(
           absl::StrCat(field, ": CUDA IPC events need the cuda backend (this server runs ",
                        deps_.executor->backend().name(), ")"));

@@ -17,6 +17,7 @@ class ForwardingBackend : public core::Backend {
   explicit ForwardingBackend(int threads = 1) : cpu_(threads) {}
 
   absl::string_view name() const override { return cpu_.name(); }
+  core::IpcEventSupport ipc_events() const override { return cpu_.ipc_events(); }
   bool CanAccess(core::MemoryKind kind) const override { return cpu_.CanAccess(kind); }
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override {
     return cpu_.AllocateStaging(bytes);
