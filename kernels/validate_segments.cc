@@ -92,12 +92,16 @@ absl::Status CheckSideOutputs(const SegmentSeqlensSide& side, absl::string_view 
 
 }  // namespace
 
+absl::Status ValidateMaxSegments(int64_t max_segments) {
+  if (max_segments >= 1 && max_segments <= kInt32Max - 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("max_segments: is ", max_segments,
+                                                 ", expected 1 <= max_segments <= ",
+                                                 kInt32Max - 1));
+}
+
 absl::Status ValidateSegmentSeqlens(const SegmentSeqlensArgs& args) {
   const int64_t ns = args.max_segments;
-  if (ns < 1 || ns > kInt32Max - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_segments: is ", ns, ", expected 1 <= max_segments <= 2147483646"));
-  }
+  RETURN_IF_ERROR(ValidateMaxSegments(ns));
   if (args.mask != AttnMaskType::kPadding && args.mask != AttnMaskType::kCausal &&
       args.mask != AttnMaskType::kCausalBottomRight) {
     return absl::InvalidArgumentError(

@@ -1,6 +1,5 @@
 #include "server/core/ops/segment_seqlens.h"
 
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,14 +16,6 @@ namespace {
 
 using kernels::TensorView;
 using ops_support::NotApplicable;
-
-constexpr int64_t kMaxSegments = std::numeric_limits<int32_t>::max() - 1;
-
-absl::Status CheckMaxSegments(int64_t ns) {
-  if (ns >= 1 && ns <= kMaxSegments) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("max_segments: is ", ns, ", expected 1 <= ", "max_segments <= ", kMaxSegments));
-}
 
 struct SideSpecs {
   const std::optional<TensorSpec>& seqlen;
@@ -134,7 +125,7 @@ uint64_t SegmentSeqlensOp::BytesMoved(const Args& args) {
 absl::StatusOr<OutputShape> SegmentOutShape(SegmentOutput which, const TensorView& segment_ids_q,
                                             int64_t max_segments) {
   RETURN_IF_ERROR(kernels::CheckView(segment_ids_q, "segment_ids_q", 2));
-  RETURN_IF_ERROR(CheckMaxSegments(max_segments));
+  RETURN_IF_ERROR(kernels::ValidateMaxSegments(max_segments));
   const int64_t batch = segment_ids_q.shape[0];
   int64_t b_ns = 0;
   int64_t b_ns1 = 0;
