@@ -133,6 +133,12 @@ int main(int argc, char** argv) {
     return absl::EndsWith(path, "server/main.cc");
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  // "Flags from server/main.cc", not from the absolute path of the build's
+  // source tree.
+  usage_config.normalize_filename = [](absl::string_view path) {
+    const size_t at = path.rfind("server/");
+    return std::string(at == absl::string_view::npos ? path : path.substr(at));
+  };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "token selection (sort, gather, scatter, masks, THD seqlens) as a "
