@@ -1,0 +1,174 @@
+#include "tests/server/backends/backend_conformance.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/tensor_view.h"
+#include "server/backends/cpu_backend.h"
+#include "server/backends/cuda_backend.h"
+#include "server/backends/cuda_devices.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::testing {
+
+absl::StatusOr<std::unique_ptr<core::Backend>> MakeConformanceBackend(const std::string& kind) {
+  if (kind == "cpu") return std::unique_ptr<core::Backend>(new backends::CpuBackend(2));
+  if (kind == "cuda") {
+    const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
+    if (devices.empty()) return absl::FailedPreconditionError("no CUDA device");
+    return backends::MakeCudaBackend(devices[0].uuid);
+  }
+  return absl::InvalidArgumentError("unknown backend kind " + kind);
+}
+
+void BackendConformanceTest::SetUp() {
+  absl::StatusOr<std::unique_ptr<core::Backend>> backend = MakeConformanceBackend(GetParam());
+  if (!backend.ok() && backend.status().code() == absl::StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << GetParam() << " backend unavailable: " << backend.status();
+  }
+  ASSERT_OK(backend);
+  backend_ = *std::move(backend);
+}
+
+namespace {
+
+using kernels::DType;
+using kernels::TensorView;
+
+// A row-major tensor in the backend's staging memory.
+class StagedTensor {
+ public:
+  template <typename T>
+  static StagedTensor Upload(core::Backend& backend, const std::vector<T>& host, DType dtype,
+                             std::initializer_list<int64_t> shape) {
+    StagedTensor t;
+    const uint64_t bytes = host.size() * sizeof(T);
+    absl::StatusOr<std::unique_ptr<core::Backend::Staging>> staging =
+        backend.AllocateStaging(bytes);
+    EXPECT_OK(staging);
+    t.staging_ = *std::move(staging);
+    EXPECT_OK(backend.CopyToStaging(*t.staging_, host.data(), bytes));
+    t.view_ = TensorView::Contiguous(t.staging_->data(), dtype, shape);
+    return t;
+  }
+
+  template <typename T>
+  std::vector<T> Download(core::Backend& backend) const {
+    std::vector<T> host(staging_->size() / sizeof(T));
+    EXPECT_OK(backend.CopyFromStaging(host.data(), *staging_, staging_->size()));
+    return host;
+  }
+
+  const TensorView& view() const { return view_; }
+
+ private:
+  std::unique_ptr<core::Backend::Staging> staging_;
+  TensorView view_;
+};
+
+TEST_P(BackendConformanceTest, StagingRoundTripsEverySize) {
+  for (uint64_t size : {0, 1, 63, 64, 1000}) {
+    absl::StatusOr<std::unique_ptr<core::Backend::Staging>> staging =
+        backend().AllocateStaging(size);
+    ASSERT_OK(staging);
+    EXPECT_NE((*staging)->data(), nullptr);
+    EXPECT_EQ((*staging)->size(), size);
+    std::string in(size, '\0');
+    for (uint64_t i = 0; i < size; ++i) in[i] = static_cast<char>(i * 7 + 1);
+    ASSERT_OK(backend().CopyToStaging(**staging, in.data(), size));
+    std::string out(size, 'x');
+    ASSERT_OK(backend().CopyFromStaging(out.data(), **staging, size));
+    EXPECT_EQ(in, out);
+  }
+}
+
+TEST_P(BackendConformanceTest, StagingCopiesBeyondTheSizeAreInvalid) {
+  absl::StatusOr<std::unique_ptr<core::Backend::Staging>> staging = backend().AllocateStaging(8);
+  ASSERT_OK(staging);
+  char buf[16] = {};
+  EXPECT_THAT(backend().CopyToStaging(**staging, buf, 16),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(backend().CopyFromStaging(buf, **staging, 16),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// GatherTokens [B=2,S=5,C=3] fp32, R=2, both layouts.
+TEST_P(BackendConformanceTest, GatherTokensMatchesTheDefinition) {
+  for (const bool batch_first : {true, false}) {
+    std::vector<float> act(2 * 5 * 3);
+    for (size_t i = 0; i < act.size(); ++i) act[i] = static_cast<float>(i) + 0.5f;
+    const std::vector<int32_t> idx = {4, 0, 2, 2};
+    StagedTensor a = StagedTensor::Upload(backend(), act, DType::kFloat32,
+                                          batch_first ? std::initializer_list<int64_t>{2, 5, 3}
+                                                      : std::initializer_list<int64_t>{5, 2, 3});
+    StagedTensor i = StagedTensor::Upload(backend(), idx, DType::kInt32, {2, 2});
+    // out [B,R,C] or [R,B,C]: both [2,2,3] here.
+    StagedTensor o = StagedTensor::Upload(backend(), std::vector<float>(2 * 2 * 3, -1.f),
+                                          DType::kFloat32, {2, 2, 3});
+    kernels::GatherTokensArgs args{a.view(), i.view(), o.view(), batch_first};
+    ASSERT_OK(backend().Run(args));
+    const std::vector<float> out = o.Download<float>(backend());
+    for (int b = 0; b < 2; ++b) {
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < 3; ++c) {
+          const int s = idx[b * 2 + r];
+          const float want = batch_first ? act[(b * 5 + s) * 3 + c] : act[(s * 2 + b) * 3 + c];
+          const float got = batch_first ? out[(b * 2 + r) * 3 + c] : out[(r * 2 + b) * 3 + c];
+          EXPECT_EQ(got, want) << "batch_first=" << batch_first << " b=" << b << " r=" << r;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, AnErrorLeavesTheOutputUntouched) {
+  const std::vector<float> act(2 * 5 * 3, 1.f);
+  const std::vector<int32_t> idx = {4, 0, 2, 5};  // 5 is out of [0, S)
+  const std::vector<float> poison(2 * 2 * 3, -7.f);
+  StagedTensor a = StagedTensor::Upload(backend(), act, DType::kFloat32, {2, 5, 3});
+  StagedTensor i = StagedTensor::Upload(backend(), idx, DType::kInt32, {2, 2});
+  StagedTensor o = StagedTensor::Upload(backend(), poison, DType::kFloat32, {2, 2, 3});
+  EXPECT_THAT(backend().Run(kernels::GatherTokensArgs{a.view(), i.view(), o.view(), true}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "indices"));
+  EXPECT_EQ(o.Download<float>(backend()), poison);
+}
+
+TEST_P(BackendConformanceTest, SortTokensSortsInPlaceAndWritesTheInverse) {
+  const std::vector<int32_t> ids = {3, 0, 4, 1, 2, 0};  // [2,3], S=5
+  StagedTensor t = StagedTensor::Upload(backend(), ids, DType::kInt32, {2, 3});
+  StagedTensor inv =
+      StagedTensor::Upload(backend(), std::vector<int32_t>(2 * 5, 99), DType::kInt32, {2, 5});
+  kernels::SortTokensArgs args;
+  args.ids = t.view();
+  args.original_tokens = 5;
+  args.inverse = inv.view();
+  ASSERT_OK(backend().Run(args));
+  EXPECT_EQ(t.Download<int32_t>(backend()), (std::vector<int32_t>{0, 3, 4, 0, 1, 2}));
+  EXPECT_EQ(inv.Download<int32_t>(backend()),
+            (std::vector<int32_t>{0, -1, -1, 1, 2, 0, 1, 2, -1, -1}));
+}
+
+TEST_P(BackendConformanceTest, ScratchBytesIsSafeOnInvalidArgs) {
+  // Metadata alone, never a dereference: null data, empty and absurd views.
+  kernels::GatherTokensArgs gather;
+  gather.activations = TensorView::Contiguous(nullptr, DType::kFloat32, {1 << 20, 1 << 20, 64});
+  gather.indices = TensorView::Contiguous(nullptr, DType::kInt32, {3});
+  (void)backend().ScratchBytes(gather);
+  kernels::SortTokensArgs sort;
+  sort.original_tokens = -1;
+  (void)backend().ScratchBytes(sort);
+  kernels::SegmentSeqlensArgs seg;
+  seg.max_segments = INT64_MAX;
+  (void)backend().ScratchBytes(seg);
+  kernels::TopKTokensArgs topk;
+  (void)backend().ScratchBytes(topk);
+  kernels::SampleTokensArgs sample;
+  sample.layers = INT64_MAX;
+  sample.batch = INT64_MAX;
+  (void)backend().ScratchBytes(sample);
+}
+
+}  // namespace
+}  // namespace tokensel::testing
