@@ -20,8 +20,9 @@
 //   };
 //
 // The executor, the work estimate and the op name are generic loops over
-// OpRequest (request.h), which lists every FooRequest. The backend runs
-// Args through Backend::Run / Backend::ScratchBytes. docs/development.md,
+// OpRequest (request.h), which lists every FooRequest. The backends run
+// Args through Backend::RunOp / OpScratchBytes (core::OpArgs, derived from
+// OpRequest). docs/development.md,
 // "How to add an operator", has the whole recipe.
 #ifndef TOKENSEL_SERVER_CORE_OPS_OP_H_
 #define TOKENSEL_SERVER_CORE_OPS_OP_H_

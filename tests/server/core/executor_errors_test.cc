@@ -3,6 +3,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <variant>
 
 #include "gtest/gtest.h"
 #include "server/core/service_metrics.h"
@@ -375,10 +376,9 @@ class HookedBackend : public testing::ForwardingBackend {
  public:
   std::function<void()> during_run;
 
-  using ForwardingBackend::Run;
-  absl::Status Run(const kernels::GatherTokensArgs& args) override {
-    if (during_run) during_run();
-    return cpu_.Run(args);
+  absl::Status RunOp(core::OpArgs args) override {
+    if (during_run && std::holds_alternative<const kernels::GatherTokensArgs*>(args)) during_run();
+    return cpu_.RunOp(args);
   }
 };
 

@@ -28,18 +28,8 @@ class ForwardingBackend : public core::Backend {
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override {
     return cpu_.CopyFromStaging(dst, src, bytes);
   }
-#define TOKENSEL_FORWARD(Op)                                                    \
-  absl::Status Run(const kernels::Op##Args& a) override { return cpu_.Run(a); } \
-  uint64_t ScratchBytes(const kernels::Op##Args& a) const override { return cpu_.ScratchBytes(a); }
-  TOKENSEL_FORWARD(SortTokens)
-  TOKENSEL_FORWARD(GatherTokens)
-  TOKENSEL_FORWARD(ScatterTokens)
-  TOKENSEL_FORWARD(GatherBertMask)
-  TOKENSEL_FORWARD(SliceGptMask)
-  TOKENSEL_FORWARD(SegmentSeqlens)
-  TOKENSEL_FORWARD(SampleTokens)
-  TOKENSEL_FORWARD(TopKTokens)
-#undef TOKENSEL_FORWARD
+  absl::Status RunOp(core::OpArgs args) override { return cpu_.RunOp(args); }
+  uint64_t OpScratchBytes(core::OpArgs args) const override { return cpu_.OpScratchBytes(args); }
 
  protected:
   backends::CpuBackend cpu_;
