@@ -81,7 +81,7 @@ class Backend {
   // safe on args that would fail validation.
   virtual uint64_t OpScratchBytes(OpArgs args) const = 0;
 
-  // The same, typed: Run(kernels::GatherTokensArgs{...}).
+  // The same, typed: Run(args) with any kernels::<Op>Args.
   template <typename Args>
   absl::Status Run(const Args& args) {
     return RunOp(OpArgs(&args));
