@@ -150,6 +150,48 @@ TEST_P(BackendConformanceTest, SortTokensSortsInPlaceAndWritesTheInverse) {
             (std::vector<int32_t>{0, -1, -1, 1, 2, 0, 1, 2, -1, -1}));
 }
 
+// ScatterTokens [B=2,S=4,C=2] in place: rows idx[b,r] of `all` take layer[b,r,:].
+TEST_P(BackendConformanceTest, ScatterTokensWritesOnlyTheIndexedRows) {
+  std::vector<float> all(2 * 4 * 2);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>(i);
+  const std::vector<float> layer = {-1, -2, -3, -4, -5, -6, -7, -8};  // [2,2,2]
+  const std::vector<int32_t> idx = {3, 1, 0, 2};
+  StagedTensor a = StagedTensor::Upload(backend(), all, DType::kFloat32, {2, 4, 2});
+  StagedTensor l = StagedTensor::Upload(backend(), layer, DType::kFloat32, {2, 2, 2});
+  StagedTensor i = StagedTensor::Upload(backend(), idx, DType::kInt32, {2, 2});
+  ASSERT_OK(backend().Run(kernels::ScatterTokensArgs{a.view(), l.view(), i.view(), true}));
+  std::vector<float> want = all;
+  for (int b = 0; b < 2; ++b) {
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 2; ++c)
+        want[(b * 4 + idx[b * 2 + r]) * 2 + c] = layer[(b * 2 + r) * 2 + c];
+    }
+  }
+  EXPECT_EQ(a.Download<float>(backend()), want);
+}
+
+// SliceGptMask: the top-left R x R corner of each [S,S] mask.
+TEST_P(BackendConformanceTest, SliceGptMaskTakesTheTopLeftCorner) {
+  std::vector<float> mask(1 * 2 * 3 * 3);  // [B=1,H=2,S=3,S=3]
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<float>(i);
+  StagedTensor m = StagedTensor::Upload(backend(), mask, DType::kFloat32, {1, 2, 3, 3});
+  StagedTensor o = StagedTensor::Upload(backend(), std::vector<float>(1 * 2 * 2 * 2, -1.f),
+                                        DType::kFloat32, {1, 2, 2, 2});
+  ASSERT_OK(backend().Run(kernels::SliceGptMaskArgs{m.view(), o.view()}));
+  EXPECT_EQ(o.Download<float>(backend()), (std::vector<float>{0, 1, 3, 4, 9, 10, 12, 13}));
+}
+
+// TopKTokens: the R best positions per row, ascending; ties to the lower one.
+TEST_P(BackendConformanceTest, TopKTokensPicksTheBestPositionsInOrder) {
+  const std::vector<float> scores = {0.5f, 2.f, -1.f, 2.f, 1.f,    // row 0
+                                     3.f,  0.f, 0.f,  1.f, -2.f};  // row 1
+  StagedTensor sc = StagedTensor::Upload(backend(), scores, DType::kFloat32, {2, 5});
+  StagedTensor ids =
+      StagedTensor::Upload(backend(), std::vector<int32_t>(2 * 3, -9), DType::kInt32, {2, 3});
+  ASSERT_OK(backend().Run(kernels::TopKTokensArgs{sc.view(), ids.view()}));
+  EXPECT_EQ(ids.Download<int32_t>(backend()), (std::vector<int32_t>{1, 3, 4, 0, 1, 3}));
+}
+
 TEST_P(BackendConformanceTest, ScratchBytesIsSafeOnInvalidArgs) {
   // Metadata alone, never a dereference: null data, empty and absurd views.
   kernels::GatherTokensArgs gather;
