@@ -26,10 +26,9 @@
 namespace tokensel::core {
 
 // Every operator, in API order (the `op` metric label is pre-created for each).
-using OpRequest =
-    std::variant<SortTokensRequest, GatherTokensRequest, ScatterTokensRequest,
-                 GatherBertMaskRequest, SliceGptMaskRequest, SegmentSeqlensRequest,
-                 SampleTokensRequest, TopKTokensRequest>;
+using OpRequest = std::variant<SortTokensRequest, GatherTokensRequest, ScatterTokensRequest,
+                               GatherBertMaskRequest, SliceGptMaskRequest, SegmentSeqlensRequest,
+                               SampleTokensRequest, TopKTokensRequest>;
 
 // The operator's API name ("SortTokens", ...), also the `op` metric label.
 absl::string_view OpName(const OpRequest& op);

@@ -17,8 +17,7 @@ uint64_t GatherTokensOp::EstimateWork(const Request& req) {
   return sum.total();
 }
 
-absl::StatusOr<kernels::GatherTokensArgs> GatherTokensOp::Resolve(Resolver& r,
-                                                                  const Request& req) {
+absl::StatusOr<kernels::GatherTokensArgs> GatherTokensOp::Resolve(Resolver& r, const Request& req) {
   Args args;
   args.batch_first = req.batch_first;
   ASSIGN_OR_RETURN(args.activations, r.Input(req.activations, "activations"));

@@ -25,8 +25,7 @@ uint64_t SampleTokensOp::EstimateWork(const Request& req) {
   return sum.total();
 }
 
-absl::StatusOr<kernels::SampleTokensArgs> SampleTokensOp::Resolve(Resolver& r,
-                                                                  const Request& req) {
+absl::StatusOr<kernels::SampleTokensArgs> SampleTokensOp::Resolve(Resolver& r, const Request& req) {
   Args args;
   args.layers = req.layers;
   args.batch = req.batch;

@@ -14,8 +14,7 @@ uint64_t ScatterTokensOp::EstimateWork(const Request& req) {
   sum.AddAll(req.layer, req.indices);
   const size_t seq_axis = req.batch_first ? 1 : 0;
   if (req.all.shape.size() > seq_axis) {
-    sum.AddScalar(
-        ops_support::BitmapWork(ops_support::Rows(req.indices), req.all.shape[seq_axis]));
+    sum.AddScalar(ops_support::BitmapWork(ops_support::Rows(req.indices), req.all.shape[seq_axis]));
   }
   return sum.total();
 }

@@ -73,8 +73,8 @@ uint64_t SegmentSeqlensOp::EstimateWork(const Request& req) {
   ops_support::WorkSum sum;
   sum.AddAll(req.segment_ids_q, req.segment_pos_q, req.segment_ids_kv, req.segment_pos_kv,
              req.q_seqlen, req.q_offset, req.kv_seqlen, req.kv_offset, req.q_packed_seqlens,
-             req.q_packed_offsets, req.q_cu_seqlens, req.kv_packed_seqlens,
-             req.kv_packed_offsets, req.kv_cu_seqlens);
+             req.q_packed_offsets, req.q_cu_seqlens, req.kv_packed_seqlens, req.kv_packed_offsets,
+             req.kv_cu_seqlens);
   // Outputs and staging are O(NS) per row and side, whether or not the
   // request spells out the outputs' shapes.
   const uint64_t batch = ops_support::Dim(req.segment_ids_q, 0);

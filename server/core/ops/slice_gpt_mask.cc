@@ -19,8 +19,7 @@ uint64_t SliceGptMaskOp::EstimateWork(const Request& req) {
       ops_support::SaturatingMul(retained, retained));
 }
 
-absl::StatusOr<kernels::SliceGptMaskArgs> SliceGptMaskOp::Resolve(Resolver& r,
-                                                                  const Request& req) {
+absl::StatusOr<kernels::SliceGptMaskArgs> SliceGptMaskOp::Resolve(Resolver& r, const Request& req) {
   Args args;
   ASSIGN_OR_RETURN(args.mask, r.Input(req.mask, "mask"));
   ASSIGN_OR_RETURN(args.out, r.Output(req.out, "out", [&] {
