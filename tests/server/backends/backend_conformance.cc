@@ -192,6 +192,29 @@ TEST_P(BackendConformanceTest, TopKTokensPicksTheBestPositionsInOrder) {
   EXPECT_EQ(ids.Download<int32_t>(backend()), (std::vector<int32_t>{1, 3, 4, 0, 1, 3}));
 }
 
+// GatherBertMask: out[l,b,h,i,j] = mask[b, h, Sq==1 ? 0 : idx[l,b,i], idx[l,b,j]].
+TEST_P(BackendConformanceTest, GatherBertMaskMatchesTheDefinition) {
+  constexpr int L = 2, B = 1, H = 2, S = 3, R = 2;
+  std::vector<float> mask(B * H * S * S);  // Sq = S
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<float>(i);
+  const std::vector<int32_t> idx = {2, 0, 1, 2};  // [L,B,R]
+  StagedTensor m = StagedTensor::Upload(backend(), mask, DType::kFloat32, {B, H, S, S});
+  StagedTensor i = StagedTensor::Upload(backend(), idx, DType::kInt32, {L, B, R});
+  StagedTensor o = StagedTensor::Upload(backend(), std::vector<float>(L * B * H * R * R, -1.f),
+                                        DType::kFloat32, {L, B, H, R, R});
+  ASSERT_OK(backend().Run(kernels::GatherBertMaskArgs{m.view(), i.view(), o.view()}));
+  std::vector<float> want;
+  for (int l = 0; l < L; ++l) {
+    for (int h = 0; h < H; ++h) {
+      for (int a = 0; a < R; ++a) {
+        for (int c = 0; c < R; ++c)
+          want.push_back(mask[(h * S + idx[l * R + a]) * S + idx[l * R + c]]);
+      }
+    }
+  }
+  EXPECT_EQ(o.Download<float>(backend()), want);
+}
+
 TEST_P(BackendConformanceTest, ScratchBytesIsSafeOnInvalidArgs) {
   // Metadata alone, never a dereference: null data, empty and absurd views.
   kernels::GatherTokensArgs gather;
