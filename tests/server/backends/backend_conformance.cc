@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "kernels/tensor_view.h"
 #include "server/backends/cpu_backend.h"
@@ -213,6 +214,53 @@ TEST_P(BackendConformanceTest, GatherBertMaskMatchesTheDefinition) {
     }
   }
   EXPECT_EQ(o.Download<float>(backend()), want);
+}
+
+// SegmentSeqlens and SampleTokens against the CPU twin run on host copies
+// (the oracle of every backend; for the CPU backend this checks the plumbing).
+TEST_P(BackendConformanceTest, SegmentSeqlensMatchesTheCpuTwin) {
+  const std::vector<int32_t> ids = {1, 1, 2, 0, 1, 2, 2, 3};  // [B=2,T=4], NS=3
+  StagedTensor q = StagedTensor::Upload(backend(), ids, DType::kInt32, {2, 4});
+  StagedTensor seqlen =
+      StagedTensor::Upload(backend(), std::vector<int32_t>(2 * 3, 77), DType::kInt32, {2, 3});
+  StagedTensor offset =
+      StagedTensor::Upload(backend(), std::vector<int32_t>(2 * 4, 77), DType::kInt32, {2, 4});
+  kernels::SegmentSeqlensArgs args;
+  args.segment_ids_q = q.view();
+  args.max_segments = 3;
+  args.q.seqlen = seqlen.view();
+  args.q.offset = offset.view();
+  ASSERT_OK(backend().Run(args));
+
+  std::vector<int32_t> host_ids = ids, want_seqlen(2 * 3, 77), want_offset(2 * 4, 77);
+  kernels::SegmentSeqlensArgs host = args;
+  host.segment_ids_q = TensorView::Contiguous(host_ids.data(), DType::kInt32, {2, 4});
+  host.q.seqlen = TensorView::Contiguous(want_seqlen.data(), DType::kInt32, {2, 3});
+  host.q.offset = TensorView::Contiguous(want_offset.data(), DType::kInt32, {2, 4});
+  ASSERT_OK(kernels::cpu::SegmentSeqlens(host, nullptr));
+  EXPECT_EQ(seqlen.Download<int32_t>(backend()), want_seqlen);
+  EXPECT_EQ(offset.Download<int32_t>(backend()), want_offset);
+}
+
+TEST_P(BackendConformanceTest, SampleTokensMatchesTheCpuTwinBitForBit) {
+  constexpr int64_t L = 2, B = 3, S = 17, R = 5;
+  StagedTensor ids = StagedTensor::Upload(backend(), std::vector<int32_t>(L * B * R, -1),
+                                          DType::kInt32, {L, B, R});
+  kernels::SampleTokensArgs args;
+  args.layers = L;
+  args.batch = B;
+  args.original_tokens = S;
+  args.retained_tokens = R;
+  args.seed = 1234;
+  args.step = 7;
+  args.ids = ids.view();
+  ASSERT_OK(backend().Run(args));
+
+  std::vector<int32_t> want(L * B * R, -1);
+  kernels::SampleTokensArgs host = args;
+  host.ids = TensorView::Contiguous(want.data(), DType::kInt32, {L, B, R});
+  ASSERT_OK(kernels::cpu::SampleTokens(host, nullptr));
+  EXPECT_EQ(ids.Download<int32_t>(backend()), want);
 }
 
 TEST_P(BackendConformanceTest, ScratchBytesIsSafeOnInvalidArgs) {
