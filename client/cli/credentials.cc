@@ -87,21 +87,23 @@ absl::Status FindToken(TargetSecurity* security) {
   const std::string flag = absl::GetFlag(FLAGS_auth_token_file);
   const char* file_env = std::getenv(kTokenFileEnv);
   const char* token_env = std::getenv(kTokenEnv);
+  std::string path;  // the token file, when the token comes from one
   if (!flag.empty()) {
+    path = flag;
     security->token_source = absl::StrCat("--auth_token_file=", flag);
-    absl::StatusOr<std::string> token = ReadToken(security->token_source, flag);
-    if (!token.ok()) return token.status();
-    security->token = *std::move(token);
   } else if (file_env != nullptr && *file_env != '\0') {
+    path = file_env;
     security->token_source = absl::StrCat("$", kTokenFileEnv, "=", file_env);
-    absl::StatusOr<std::string> token = ReadToken(security->token_source, file_env);
-    if (!token.ok()) return token.status();
-    security->token = *std::move(token);
   } else if (token_env != nullptr && *token_env != '\0') {
     security->token_source = absl::StrCat("$", kTokenEnv);
     security->token = std::string(absl::StripAsciiWhitespace(token_env));
   } else {
     return absl::OkStatus();
+  }
+  if (!path.empty()) {
+    absl::StatusOr<std::string> token = ReadToken(security->token_source, path);
+    if (!token.ok()) return token.status();
+    security->token = *std::move(token);
   }
   return CheckToken(security->token_source, security->token);
 }
@@ -204,9 +206,10 @@ absl::Status ExplainSecurityError(const absl::Status& status, const TargetSecuri
       security.server_name.empty() ? "the target's host" : "'" + security.server_name + "'";
   switch (status.code()) {
     case absl::StatusCode::kUnavailable:
-      if (security.tls && ClassifyTlsFailure(status.message()) != TlsFailure::kNone) {
+      if (const TlsFailure failure = ClassifyTlsFailure(status.message());
+          security.tls && failure != TlsFailure::kNone) {
         std::string why;
-        switch (ClassifyTlsFailure(status.message())) {
+        switch (failure) {
           case TlsFailure::kUntrustedCa:
             why = absl::StrCat("the server's certificate is not signed by a CA of ",
                                security.ca_source, " (--tls_ca)");
