@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/log.h"
-#include "server/grpc/server.h"
+#include "server/app/server.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/tokensel/tokensel.sock"},
           "Address to serve gRPC on; repeat the flag (or separate with commas) for several. "

@@ -259,7 +259,7 @@ void BufferInfoToProto(const core::BufferInfo& info, v1::BufferInfo* out) {
   out->set_sealed(info.sealed);
 }
 
-void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out) {
+void ServerInfoToProto(const core::ServerDescription& desc, v1::ServerInfo* out) {
   out->set_version(desc.version);
   out->set_backend(desc.backend);
   for (const core::DeviceDescription& device : desc.devices) {

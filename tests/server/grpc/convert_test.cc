@@ -411,7 +411,7 @@ TEST(InfoTest, BufferAndServerInfo) {
   EXPECT_EQ(b.size(), 4096u);
   EXPECT_TRUE(b.sealed());
 
-  ServerDescription d;
+  core::ServerDescription d;
   d.version = "1.2.3";
   d.backend = "cuda";
   d.devices.push_back({1, "GPU-abc", "H100", 90, 80ull << 30});
