@@ -38,37 +38,6 @@ namespace {
 using kernels::DType;
 using kernels::TensorView;
 
-// A row-major tensor in the backend's staging memory.
-class StagedTensor {
- public:
-  template <typename T>
-  static StagedTensor Upload(core::Backend& backend, const std::vector<T>& host, DType dtype,
-                             std::initializer_list<int64_t> shape) {
-    StagedTensor t;
-    const uint64_t bytes = host.size() * sizeof(T);
-    absl::StatusOr<std::unique_ptr<core::Backend::Staging>> staging =
-        backend.AllocateStaging(bytes);
-    EXPECT_OK(staging);
-    t.staging_ = *std::move(staging);
-    EXPECT_OK(backend.CopyToStaging(*t.staging_, host.data(), bytes));
-    t.view_ = TensorView::Contiguous(t.staging_->data(), dtype, shape);
-    return t;
-  }
-
-  template <typename T>
-  std::vector<T> Download(core::Backend& backend) const {
-    std::vector<T> host(staging_->size() / sizeof(T));
-    EXPECT_OK(backend.CopyFromStaging(host.data(), *staging_, staging_->size()));
-    return host;
-  }
-
-  const TensorView& view() const { return view_; }
-
- private:
-  std::unique_ptr<core::Backend::Staging> staging_;
-  TensorView view_;
-};
-
 TEST_P(BackendConformanceTest, StagingRoundTripsEverySize) {
   for (uint64_t size : {0, 1, 63, 64, 1000}) {
     absl::StatusOr<std::unique_ptr<core::Backend::Staging>> staging =

@@ -10,12 +10,18 @@
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_BACKEND_CONFORMANCE_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_BACKEND_CONFORMANCE_H_
 
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "kernels/tensor_view.h"
 #include "server/core/backend.h"
+#include "tests/testing/status_matchers.h"
 
 namespace tokensel::testing {
 
@@ -30,6 +36,38 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
 
  private:
   std::unique_ptr<core::Backend> backend_;
+};
+
+// A row-major tensor in the backend's staging memory; Upload/Download copy
+// through the backend's staging calls, so the same test drives every backend.
+class StagedTensor {
+ public:
+  template <typename T>
+  static StagedTensor Upload(core::Backend& backend, const std::vector<T>& host,
+                             kernels::DType dtype, std::initializer_list<int64_t> shape) {
+    StagedTensor t;
+    const uint64_t bytes = host.size() * sizeof(T);
+    absl::StatusOr<std::unique_ptr<core::Backend::Staging>> staging =
+        backend.AllocateStaging(bytes);
+    EXPECT_OK(staging);
+    t.staging_ = *std::move(staging);
+    EXPECT_OK(backend.CopyToStaging(*t.staging_, host.data(), bytes));
+    t.view_ = kernels::TensorView::Contiguous(t.staging_->data(), dtype, shape);
+    return t;
+  }
+
+  template <typename T>
+  std::vector<T> Download(core::Backend& backend) const {
+    std::vector<T> host(staging_->size() / sizeof(T));
+    EXPECT_OK(backend.CopyFromStaging(host.data(), *staging_, staging_->size()));
+    return host;
+  }
+
+  const kernels::TensorView& view() const { return view_; }
+
+ private:
+  std::unique_ptr<core::Backend::Staging> staging_;
+  kernels::TensorView view_;
 };
 
 }  // namespace tokensel::testing
