@@ -105,8 +105,8 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
 }
 
 uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
-  static const std::string kNoSession;
-  Resolver resolver(backend_, registry_, kNoSession, limits_.max_inline_bytes, nullptr,
+  static const std::string no_session;
+  Resolver resolver(backend_, registry_, no_session, limits_.max_inline_bytes, nullptr,
                     /*measure_only=*/true);
   OpContext ctx{resolver, *backend_, nullptr, nullptr, OpName(op)};
   const absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);

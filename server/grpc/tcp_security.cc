@@ -21,6 +21,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/grpc/auth_token.h"
 #include "server/grpc/status_util.h"
+#include "common/errno_string.h"
 
 namespace tokensel::server {
 namespace {
@@ -63,7 +64,7 @@ absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& p
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": cannot read: ", std::strerror(errno)));
+        absl::StrCat(flag, " ", path, ": cannot read: ", ErrnoString(errno)));
   }
   std::ostringstream contents;
   contents << in.rdbuf();
