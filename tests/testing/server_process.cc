@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "tests/server/integration/protos/health.grpc.pb.h"
 
 #ifndef TOKENSEL_SERVER_BINARY
 #error "TOKENSEL_SERVER_BINARY must be defined to the tokensel-server path"
