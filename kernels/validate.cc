@@ -33,19 +33,22 @@ absl::Status CheckView(const TensorView& v, absl::string_view field) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": stride ", d, " is ", v.strides[d], " (negative strides are not supported)"));
     }
-    // Kernels form byte strides (stride * element size) for every dim; the
-    // extent check below bounds them only for dims of size > 1.
-    if (int64_t bytes = 0; MulOverflow(v.strides[d], ElementSize(v.dtype), &bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": stride ", d, " is ", v.strides[d], " elements, more than 2^63 bytes"));
-    }
     if (MulOverflow(count, v.shape[d], &count)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": shape ", v.ShapeString(), " has more than 2^63 elements"));
     }
   }
+  // The extent first: its message names the shape and the strides.
   auto extent = ComputeExtent(v, field);
   if (!extent.ok()) return extent.status();
+  // Kernels form byte strides (stride * element size) for every dim; the
+  // extent check bounds them only for dims of size > 1.
+  for (int d = 0; d < v.rank; ++d) {
+    if (int64_t bytes = 0; MulOverflow(v.strides[d], ElementSize(v.dtype), &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": stride ", d, " is ", v.strides[d], " elements, more than 2^63 bytes"));
+    }
+  }
   if (count > 0 && v.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": null data for a non-empty tensor"));
   }

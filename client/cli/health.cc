@@ -6,7 +6,7 @@
 #include "client/cli/command.h"
 #include "client/cli/connection.h"
 #include "client/cli/json.h"
-#include "health.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tokensel/client/status.h"
 
 ABSL_DECLARE_FLAG(bool, json);

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "tests/server/integration/fixture.h"
-#include "tests/server/integration/protos/health.grpc.pb.h"
 #include "tests/server/integration/test_pki.h"
 
 namespace tokensel::itest {
