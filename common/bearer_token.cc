@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_string.h"
 
 namespace tokensel {
 
@@ -35,7 +36,7 @@ absl::StatusOr<std::string> ReadBearerTokenFile(absl::string_view source, const 
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": cannot read: ", std::strerror(errno)));
+        absl::StrCat(source, ": cannot read: ", ErrnoString(errno)));
   }
   std::ostringstream contents;
   contents << in.rdbuf();

@@ -13,12 +13,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/errno_string.h"
 
 namespace tokensel {
 namespace {
 
 absl::Status ErrnoError(absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+  return absl::InternalError(absl::StrCat(what, ": ", ErrnoString(errno)));
 }
 
 // A pipe whose ends are both O_CLOEXEC: the child's copies come from dup2,

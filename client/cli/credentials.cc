@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
 #include "common/bearer_token.h"
+#include "common/errno_string.h"
 
 ABSL_FLAG(bool, tls, false,
           "TCP: TLS, verified against the system roots unless --tls_ca is given. Implied by\n"
@@ -44,7 +45,7 @@ std::optional<TargetSecurity>& LastSecurity() {
 absl::StatusOr<std::string> ReadSmallFile(const std::string& what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read: ", ErrnoString(errno)));
   }
   std::ostringstream out;
   out << in.rdbuf();

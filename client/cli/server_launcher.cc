@@ -11,12 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/connection.h"
+#include "common/errno_string.h"
 
 namespace tokensel::cli {
 namespace {
 
 absl::Status ErrnoError(absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+  return absl::InternalError(absl::StrCat(what, ": ", ErrnoString(errno)));
 }
 
 constexpr absl::string_view kMetricsPrefix = "metrics on ";
@@ -27,7 +28,7 @@ absl::StatusOr<std::string> FindServerBinary(const std::string& flag_value) {
   if (!flag_value.empty()) {
     if (access(flag_value.c_str(), X_OK) != 0) {
       return absl::NotFoundError(
-          absl::StrCat("--server_binary=", flag_value, ": ", std::strerror(errno)));
+          absl::StrCat("--server_binary=", flag_value, ": ", ErrnoString(errno)));
     }
     return flag_value;
   }
