@@ -35,8 +35,7 @@ absl::StatusOr<std::string> ReadBearerTokenFile(absl::string_view source, const 
                                                 size_t min_length) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": cannot read: ", ErrnoString(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": cannot read: ", ErrnoString(errno)));
   }
   std::ostringstream contents;
   contents << in.rdbuf();

@@ -153,9 +153,9 @@ struct SampleTokensArgs {
   uint64_t step = 0;  // < 2^32
   TensorView ids;
   std::optional<TensorView> inverse;
-  std::optional<TensorView> mask;      // [B,H,Sq,S] (bert) or [B,H,S,S] (gpt)
-  std::optional<TensorView> bert_mask; // [L,B,H,R,R]
-  std::optional<TensorView> gpt_mask;  // [B,H,R,R]
+  std::optional<TensorView> mask;       // [B,H,Sq,S] (bert) or [B,H,S,S] (gpt)
+  std::optional<TensorView> bert_mask;  // [L,B,H,R,R]
+  std::optional<TensorView> gpt_mask;   // [B,H,R,R]
 };
 absl::Status ValidateSampleTokens(const SampleTokensArgs& args);
 

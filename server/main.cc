@@ -93,7 +93,8 @@ ABSL_FLAG(bool, insecure_tcp, false,
           "Allow TCP listeners without TLS and/or without a bearer token (logs a WARNING). "
           "Without it a TCP listener lacking --tls_cert/--tls_key/--auth_token_file refuses "
           "to start.");
-ABSL_FLAG(std::string, log_level, "info", "Least severe log level shown: debug|info|warning|error.");
+ABSL_FLAG(std::string, log_level, "info",
+          "Least severe log level shown: debug|info|warning|error.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGTERM/SIGINT: how long in-flight requests may take before they are cancelled.");
 

@@ -43,11 +43,9 @@ int RunHealth() {
 }  // namespace
 
 const Command kHealthCommand = {
-    "health",
-    "grpc.health.v1 Check; exit 0 only when SERVING",
+    "health", "grpc.health.v1 Check; exit 0 only when SERVING",
     "Calls grpc.health.v1.Health/Check and prints the serving status (SERVING,\n"
     "NOT_SERVING, ...). Exit 0 when SERVING, 1 otherwise or when the call fails.",
-    ConnectionFlags({"json", "service"}),
-    &RunHealth};
+    ConnectionFlags({"json", "service"}), &RunHealth};
 
 }  // namespace tokensel::cli

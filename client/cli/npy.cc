@@ -12,8 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
 #include "common/errno_string.h"
+#include "common/status_macros.h"
 
 namespace tokensel::cli {
 namespace {

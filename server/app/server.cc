@@ -72,8 +72,8 @@ Server::~Server() { Shutdown(); }
 absl::Status Server::Init() {
   if (options_.max_inflight == 0) return absl::InvalidArgumentError("max_inflight must be > 0");
   if (options_.max_buffers_total > memory::SigbusGuard::kCapacity) {
-    return absl::InvalidArgumentError(absl::StrCat("max_buffers_total must be <= ",
-                                                   memory::SigbusGuard::kCapacity));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_buffers_total must be <= ", memory::SigbusGuard::kCapacity));
   }
 
   ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
@@ -101,8 +101,8 @@ absl::Status Server::Init() {
       metrics_.get());
   tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(),
                                                core::FdTicketLimits());
-  const uint64_t budget_bytes = options_.memory_budget_bytes != 0 ? options_.memory_budget_bytes
-                                                                  : DefaultMemoryBudgetBytes();
+  const uint64_t budget_bytes =
+      options_.memory_budget_bytes != 0 ? options_.memory_budget_bytes : DefaultMemoryBudgetBytes();
   const uint64_t request_bytes = options_.max_request_memory_bytes != 0
                                      ? options_.max_request_memory_bytes
                                      : std::min(budget_bytes, uint64_t{1} << 30);
@@ -171,8 +171,8 @@ absl::Status Server::StartExposer() {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics_address);
   } catch (const std::exception& e) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "metrics_address ", options_.metrics_address, ": cannot serve metrics: ", e.what()));
+    return absl::FailedPreconditionError(absl::StrCat("metrics_address ", options_.metrics_address,
+                                                      ": cannot serve metrics: ", e.what()));
   }
   exposer_->RegisterCollectable(metrics_->registry());
   const std::vector<int> ports = exposer_->GetListeningPorts();

@@ -71,13 +71,13 @@ struct ServerOptions {
   // Reported to clients as a naming hint for the shm objects they create;
   // not a security boundary (memory is registered by descriptor).
   std::string shm_prefix = "/tokensel";
-  std::string unix_socket_group;    // name or gid; empty = the server's gid
-  std::string tls_cert_file;        // PEM; TLS on TCP listeners with tls_key_file
+  std::string unix_socket_group;  // name or gid; empty = the server's gid
+  std::string tls_cert_file;      // PEM; TLS on TCP listeners with tls_key_file
   std::string tls_key_file;
-  std::string auth_token_file;  // bearer token required on TCP listeners
-  bool insecure_tcp = false;    // allow TCP without TLS and/or token
-  uint32_t max_buffers = 1024;      // per session
-  uint32_t max_buffers_total = 0;   // all sessions; 0 = min(16384, vm.max_map_count / 4)
+  std::string auth_token_file;     // bearer token required on TCP listeners
+  bool insecure_tcp = false;       // allow TCP without TLS and/or token
+  uint32_t max_buffers = 1024;     // per session
+  uint32_t max_buffers_total = 0;  // all sessions; 0 = min(16384, vm.max_map_count / 4)
   uint32_t max_inflight = 256;
   uint32_t max_sessions = 1024;
   uint32_t max_sessions_per_peer = 256;

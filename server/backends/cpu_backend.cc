@@ -77,8 +77,8 @@ absl::Status CpuBackend::RunOp(core::OpArgs args) {
 }
 
 uint64_t CpuBackend::OpScratchBytes(core::OpArgs args) const {
-  return std::visit([this](const auto* a) { return kernels::cpu::ScratchBytes(*a, pool_.threads()); },
-                    args);
+  return std::visit(
+      [this](const auto* a) { return kernels::cpu::ScratchBytes(*a, pool_.threads()); }, args);
 }
 
 }  // namespace tokensel::backends

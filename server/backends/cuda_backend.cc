@@ -60,9 +60,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
   }
   if (chosen == nullptr) {
     std::string known;
-    for (const kc::DeviceInfo& d : devices) absl::StrAppend(&known, known.empty() ? "" : ", ", d.uuid);
-    return absl::NotFoundError(
-        absl::StrCat("cuda backend: no device with UUID '", device_uuid, "' (visible: ", known, ")"));
+    for (const kc::DeviceInfo& d : devices)
+      absl::StrAppend(&known, known.empty() ? "" : ", ", d.uuid);
+    return absl::NotFoundError(absl::StrCat("cuda backend: no device with UUID '", device_uuid,
+                                            "' (visible: ", known, ")"));
   }
   core::DeviceDescription desc{chosen->ordinal, chosen->uuid, chosen->name,
                                chosen->compute_capability, chosen->total_memory_bytes};
@@ -139,8 +140,8 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       Release(lease);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
     }
     absl::MutexLock lock(&mu_);
     all_workspaces_.push_back(p);

@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/ops.h"
-#include "server/core/request.h"
 #include "server/core/region.h"
+#include "server/core/request.h"
 
 namespace tokensel::core {
 

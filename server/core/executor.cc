@@ -59,11 +59,7 @@ absl::Status RunOp(OpContext& ctx, const Request& req) {
 
 Executor::Executor(Backend* backend, BufferRegistry* registry, ServiceMetrics* metrics,
                    ExecutorLimits limits, MemoryBudget* budget)
-    : backend_(backend),
-      registry_(registry),
-      metrics_(metrics),
-      limits_(limits),
-      budget_(budget) {}
+    : backend_(backend), registry_(registry), metrics_(metrics), limits_(limits), budget_(budget) {}
 
 absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpRequest& op,
                                        const RunOptions& options) {
@@ -74,7 +70,8 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
           "per-op limit of ", limits_.max_op_work, " (--max_op_elements)"));
     }
   }
-  MemoryBudget::Reservation own = budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
+  MemoryBudget::Reservation own =
+      budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
   MemoryBudget::Reservation* memory = options.memory != nullptr ? options.memory : &own;
   OpResult result;
   uint64_t staged = 0;
@@ -128,7 +125,8 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunAll(const std::string& sessio
           "or split the request"));
     }
   }
-  MemoryBudget::Reservation own = budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
+  MemoryBudget::Reservation own =
+      budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
   RunOptions per_op = options;
   if (per_op.memory == nullptr) per_op.memory = &own;
   std::vector<OpResult> results;

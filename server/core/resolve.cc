@@ -94,8 +94,7 @@ absl::StatusOr<uint64_t> RowMajorBytes(DType dtype, const std::vector<int64_t>& 
 }  // namespace
 
 Resolver::Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-                   uint64_t max_inline_bytes, MemoryBudget::Reservation* memory,
-                   bool measure_only)
+                   uint64_t max_inline_bytes, MemoryBudget::Reservation* memory, bool measure_only)
     : backend_(backend),
       registry_(registry),
       session_(session),
@@ -206,7 +205,8 @@ absl::Status Resolver::CheckLostBuffers(BufferRegistry* registry) const {
     registry->UnregisterIfCurrent(session_, name, lease);
     if (first.ok()) {
       first = absl::FailedPreconditionError(absl::StrCat(
-          "buffer '", name, "': its memory was lost while the op ran (the owner truncated the "
+          "buffer '", name,
+          "': its memory was lost while the op ran (the owner truncated the "
           "object below the registered size); the op's results are undefined and the buffer "
           "has been unregistered"));
     }

@@ -16,9 +16,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 #include "server/grpc/fd_channel_protocol.h"
-#include "common/errno_string.h"
 
 namespace tokensel::server {
 namespace {

@@ -33,8 +33,7 @@ v1::DType DTypeToProto(kernels::DType dtype);
 
 // dtype/shape/strides copied; oneof data: buffer -> kBuffer, inline_data ->
 // kInline (a view into `tensor`), unset -> kNone.
-absl::StatusOr<core::TensorSpec> TensorFromProto(const v1::Tensor& tensor,
-                                                 absl::string_view field);
+absl::StatusOr<core::TensorSpec> TensorFromProto(const v1::Tensor& tensor, absl::string_view field);
 
 absl::StatusOr<core::SortTokensRequest> OpFromProto(const v1::SortTokensRequest& req,
                                                     absl::string_view prefix = "");

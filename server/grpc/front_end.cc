@@ -78,9 +78,8 @@ absl::Status GrpcFrontEnd::Init(ServiceDeps deps) {
   workers_ = std::make_unique<WorkQueue>(std::max(1, options_.worker_threads));
   deps.workers = workers_.get();
   deps.connections = connections_.get();
-  const bool any_unix = std::any_of(addresses.begin(), addresses.end(), [](const ListenAddress& a) {
-    return a.unix_path.has_value();
-  });
+  const bool any_unix = std::any_of(addresses.begin(), addresses.end(),
+                                    [](const ListenAddress& a) { return a.unix_path.has_value(); });
   deps.description.fd_channel = options_.fd_receiver != nullptr && any_unix;
   core::ServiceMetrics* const metrics = deps.metrics;
   service_ = std::make_unique<TokenSelectService>(std::move(deps));

@@ -18,8 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/log.h"
 #include "common/errno_string.h"
+#include "common/log.h"
 
 namespace tokensel::server {
 

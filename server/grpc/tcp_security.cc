@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/auth_metadata_processor.h"
@@ -21,7 +22,6 @@
 #include "grpcpp/server_builder.h"
 #include "server/grpc/auth_token.h"
 #include "server/grpc/status_util.h"
-#include "common/errno_string.h"
 
 namespace tokensel::server {
 namespace {

@@ -13,9 +13,9 @@
 #include <cstring>
 #include <utility>
 
-#include "common/errno_string.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/memory/sigbus_guard.h"
@@ -134,8 +134,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
     const core::RegionSpec& spec) {
   const auto* fd_spec = std::get_if<core::FdRegionSpec>(&spec);
   if (fd_spec == nullptr || fd_spec->kind != core::FdKind::kHostMemory) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the host memory mapper cannot map a ", core::RegionKindName(spec), " region"));
+    return absl::InvalidArgumentError(absl::StrCat("the host memory mapper cannot map a ",
+                                                   core::RegionKindName(spec), " region"));
   }
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
@@ -169,8 +169,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
       return absl::PermissionDeniedError(
           absl::StrCat("fd: the object cannot be mapped read-write: ", ErrnoString(err)));
     }
-    return absl::InternalError(absl::StrCat("mmap of ", length, " bytes at offset ",
-                                            aligned_offset, ": ", ErrnoString(err)));
+    return absl::InternalError(absl::StrCat("mmap of ", length, " bytes at offset ", aligned_offset,
+                                            ": ", ErrnoString(err)));
   }
   absl::StatusOr<SigbusGuard::Slot> slot = SigbusGuard::Register(base, length);
   if (!slot.ok()) {

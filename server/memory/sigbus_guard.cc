@@ -9,8 +9,8 @@
 #include <mutex>
 #include <vector>
 
-#include "common/errno_string.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_string.h"
 
 namespace tokensel::memory {
 namespace {

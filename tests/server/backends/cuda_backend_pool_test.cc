@@ -20,8 +20,8 @@ absl::Status RunSort(core::Backend& backend, int64_t B, int64_t R, int64_t S) {
     for (int64_t r = 0; r < R; ++r) ids[b * R + r] = static_cast<int32_t>(R - 1 - r);
   }
   StagedTensor t = StagedTensor::Upload(backend, ids, kernels::DType::kInt32, {B, R});
-  StagedTensor inv = StagedTensor::Upload(backend, std::vector<int32_t>(B * S, 0),
-                                          kernels::DType::kInt32, {B, S});
+  StagedTensor inv =
+      StagedTensor::Upload(backend, std::vector<int32_t>(B * S, 0), kernels::DType::kInt32, {B, S});
   kernels::SortTokensArgs args;
   args.ids = t.view();
   args.original_tokens = S;

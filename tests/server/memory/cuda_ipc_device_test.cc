@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "common/gpu_uuid.h"
 #include "gtest/gtest.h"
@@ -28,8 +28,8 @@ using ::absl::StatusCode;
 using ::tokensel::testing::StatusIs;
 
 constexpr char kExporterEnv[] = "TOKENSEL_CUDA_IPC_EXPORTER";
-constexpr int kReplyFd = 3;   // exporter -> test: "<hex handle> <uuid>\n"
-constexpr int kHoldFd = 4;    // test -> exporter: EOF means "free and exit"
+constexpr int kReplyFd = 3;  // exporter -> test: "<hex handle> <uuid>\n"
+constexpr int kHoldFd = 4;   // test -> exporter: EOF means "free and exit"
 constexpr size_t kAllocBytes = size_t{1} << 20;
 constexpr size_t kMarkerOffset = 4096;
 
