@@ -18,10 +18,14 @@ absl::Mutex g_write_mu;
 
 char LevelLetter(Level level) {
   switch (level) {
-    case Level::kDebug: return 'D';
-    case Level::kInfo: return 'I';
-    case Level::kWarning: return 'W';
-    case Level::kError: return 'E';
+    case Level::kDebug:
+      return 'D';
+    case Level::kInfo:
+      return 'I';
+    case Level::kWarning:
+      return 'W';
+    case Level::kError:
+      return 'E';
   }
   return '?';
 }
@@ -46,10 +50,10 @@ Message::Message(Level level, const char* file, int line)
 
 Message::~Message() {
   const char* base = std::strrchr(file_, '/');
-  const std::string line = absl::StrCat(
-      std::string(1, LevelLetter(level_)), " ",
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone()), " ",
-      base ? base + 1 : file_, ":", line_, "] ", stream_.str(), "\n");
+  const std::string line =
+      absl::StrCat(std::string(1, LevelLetter(level_)), " ",
+                   absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone()), " ",
+                   base ? base + 1 : file_, ":", line_, "] ", stream_.str(), "\n");
   absl::MutexLock lock(&g_write_mu);
   std::fwrite(line.data(), 1, line.size(), stderr);
 }

@@ -8,9 +8,9 @@
 #define TOKENSEL_COMMON_LOG_H_
 
 #include <sstream>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tokensel::log {
 
@@ -45,10 +45,9 @@ class Message {
 #define TOKENSEL_LOG_LEVEL_WARNING ::tokensel::log::Level::kWarning
 #define TOKENSEL_LOG_LEVEL_ERROR ::tokensel::log::Level::kError
 
-#define TS_LOG(severity)                                                      \
-  if (TOKENSEL_LOG_LEVEL_##severity < ::tokensel::log::MinLevel()) {          \
-  } else                                                                      \
-    ::tokensel::log::Message(TOKENSEL_LOG_LEVEL_##severity, __FILE__, __LINE__) \
-        .stream()
+#define TS_LOG(severity)                                             \
+  if (TOKENSEL_LOG_LEVEL_##severity < ::tokensel::log::MinLevel()) { \
+  } else                                                             \
+    ::tokensel::log::Message(TOKENSEL_LOG_LEVEL_##severity, __FILE__, __LINE__).stream()
 
 #endif  // TOKENSEL_COMMON_LOG_H_

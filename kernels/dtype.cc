@@ -9,8 +9,8 @@ namespace tokensel::kernels {
 namespace {
 
 constexpr std::array<absl::string_view, kNumDTypes> kNames = {
-    "bool",    "int8",     "uint8", "float8_e4m3fn", "float8_e5m2", "float16",
-    "bfloat16", "int16",   "float32", "int32",       "float64",     "int64",
+    "bool",     "int8",  "uint8",   "float8_e4m3fn", "float8_e5m2", "float16",
+    "bfloat16", "int16", "float32", "int32",         "float64",     "int64",
 };
 
 }  // namespace

@@ -5,9 +5,9 @@
 #define TOKENSEL_KERNELS_DTYPE_H_
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/hd.h"
 
 namespace tokensel::kernels {

@@ -127,12 +127,15 @@ struct SegmentSeqlensArgs {
   std::optional<TensorView> segment_pos_q;
   std::optional<TensorView> segment_ids_kv;
   std::optional<TensorView> segment_pos_kv;
-  int64_t max_segments = 0;  // NS >= 1
+  int64_t max_segments = 0;  // NS in [1, INT32_MAX - 1]
   AttnMaskType mask = AttnMaskType::kPadding;
   SegmentSeqlensSide q;
   std::optional<SegmentSeqlensSide> kv;
 };
 absl::Status ValidateSegmentSeqlens(const SegmentSeqlensArgs& args);
+// The bound on max_segments alone (part of ValidateSegmentSeqlens; the server
+// checks it before deriving output shapes from it).
+absl::Status ValidateMaxSegments(int64_t max_segments);
 
 // 7. SampleTokens: per row (l, b) a uniform random R-subset of [0, S), in
 // ascending order; a pure function of (seed, step, l, b) via Philox4x32-10
@@ -150,9 +153,9 @@ struct SampleTokensArgs {
   uint64_t step = 0;  // < 2^32
   TensorView ids;
   std::optional<TensorView> inverse;
-  std::optional<TensorView> mask;      // [B,H,Sq,S] (bert) or [B,H,S,S] (gpt)
-  std::optional<TensorView> bert_mask; // [L,B,H,R,R]
-  std::optional<TensorView> gpt_mask;  // [B,H,R,R]
+  std::optional<TensorView> mask;       // [B,H,Sq,S] (bert) or [B,H,S,S] (gpt)
+  std::optional<TensorView> bert_mask;  // [L,B,H,R,R]
+  std::optional<TensorView> gpt_mask;   // [B,H,R,R]
 };
 absl::Status ValidateSampleTokens(const SampleTokensArgs& args);
 

@@ -41,6 +41,7 @@ TOKENSEL_HD constexpr Philox4x32Counter PhiloxRound(const Philox4x32Counter& c,
 }
 
 // Philox4x32-10: ten rounds, the key bumped by (W0, W1) between rounds.
+// NOLINTNEXTLINE(readability-identifier-naming): the algorithm's own name.
 TOKENSEL_HD constexpr Philox4x32Counter Philox4x32_10(Philox4x32Counter c, Philox4x32Key k) {
   for (int round = 0; round < kPhiloxRounds; ++round) {
     if (round > 0) {

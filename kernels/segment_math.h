@@ -87,9 +87,9 @@ TOKENSEL_HD bool SegmentKeepKv(const SegmentKeepRule& rule, int64_t pos_kv) {
 // tokens, only when positions are read).
 enum class SegmentErrorKind : uint8_t {
   kNone = 0,
-  kIdOutOfRange,    // id < 0 or id > NS
-  kPaddingInside,   // id == previous segment's id with padding in between
-  kNotIncreasing,   // id < previous segment's id (decreasing or repeated)
+  kIdOutOfRange,   // id < 0 or id > NS
+  kPaddingInside,  // id == previous segment's id with padding in between
+  kNotIncreasing,  // id < previous segment's id (decreasing or repeated)
   kNegativePosition,
 };
 

@@ -1,8 +1,8 @@
 #include "kernels/validate.h"
 
-#include <utility>
 #include <array>
 #include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -30,22 +30,25 @@ absl::Status CheckView(const TensorView& v, absl::string_view field) {
           absl::StrCat(field, ": dim ", d, " is ", v.shape[d], " (negative)"));
     }
     if (v.strides[d] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": stride ", d, " is ", v.strides[d], " (negative strides are not supported)"));
-    }
-    // Kernels form byte strides (stride * element size) for every dim; the
-    // extent check below bounds them only for dims of size > 1.
-    if (int64_t bytes = 0; MulOverflow(v.strides[d], ElementSize(v.dtype), &bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": stride ", d, " is ", v.strides[d], " elements, more than 2^63 bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ": stride ", d, " is ", v.strides[d],
+                                                     " (negative strides are not supported)"));
     }
     if (MulOverflow(count, v.shape[d], &count)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": shape ", v.ShapeString(), " has more than 2^63 elements"));
     }
   }
+  // The extent first: its message names the shape and the strides.
   auto extent = ComputeExtent(v, field);
   if (!extent.ok()) return extent.status();
+  // Kernels form byte strides (stride * element size) for every dim; the
+  // extent check bounds them only for dims of size > 1.
+  for (int d = 0; d < v.rank; ++d) {
+    if (int64_t bytes = 0; MulOverflow(v.strides[d], ElementSize(v.dtype), &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": stride ", d, " is ", v.strides[d],
+                                                     " elements, more than 2^63 bytes"));
+    }
+  }
   if (count > 0 && v.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": null data for a non-empty tensor"));
   }
@@ -73,8 +76,9 @@ absl::StatusOr<ByteExtent> ComputeExtent(const TensorView& v, absl::string_view 
   }
   int64_t end = 0;
   if (AddOverflow(last, 1, &end) || MulOverflow(end, ElementSize(v.dtype), &end)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shape ", v.ShapeString(), " with strides ", v.StridesString(), " spans more than 2^63 bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", v.ShapeString(),
+                                                   " with strides ", v.StridesString(),
+                                                   " spans more than 2^63 bytes"));
   }
   return ByteExtent{0, end};
 }
@@ -86,8 +90,8 @@ absl::Status CheckDType(const TensorView& v, absl::string_view field,
   }
   std::string names;
   for (DType d : allowed) absl::StrAppend(&names, names.empty() ? "" : "|", DTypeName(d));
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": dtype ", DTypeName(v.dtype), " is not supported (expected ", names, ")"));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": dtype ", DTypeName(v.dtype),
+                                                 " is not supported (expected ", names, ")"));
 }
 
 absl::Status CheckIndexDType(const TensorView& v, absl::string_view field) {
@@ -161,10 +165,9 @@ absl::Status IndexOutOfRange(const TensorView& v, absl::string_view field, int64
 
 absl::Status DuplicateIndex(const TensorView& v, absl::string_view field, int64_t linear,
                             int64_t value, int64_t first_linear) {
-  return absl::InvalidArgumentError(absl::StrCat(field, FormatIndex(v, linear), " = ", value,
-                                                 " duplicates ", field,
-                                                 FormatIndex(v, first_linear),
-                                                 " (indices must be unique within a row)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, FormatIndex(v, linear), " = ", value, " duplicates ", field,
+                   FormatIndex(v, first_linear), " (indices must be unique within a row)"));
 }
 
 }  // namespace tokensel::kernels

@@ -11,10 +11,10 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/tensor_view.h"
 
 namespace tokensel::kernels {

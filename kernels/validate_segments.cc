@@ -73,9 +73,9 @@ absl::Status CheckSideOutputs(const SegmentSeqlensSide& side, absl::string_view 
   int64_t b_t = 0;
   if (__builtin_mul_overflow(batch, ns, &b_ns) || __builtin_mul_overflow(batch, ns + 1, &b_ns1) ||
       __builtin_mul_overflow(batch, row_length, &b_t) || b_t > kInt32Max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, ".packed: B*T = ", batch, "*", row_length,
-        " must fit int32 for the packed layout (and B*(NS+1) must fit int64)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, ".packed: B*T = ", batch, "*", row_length,
+                     " must fit int32 for the packed layout (and B*(NS+1) must fit int64)"));
   }
   RETURN_IF_ERROR(CheckInt32Output(packed.seqlens, seqlens, 1));
   RETURN_IF_ERROR(CheckDim(packed.seqlens, seqlens, 0, "B*NS", b_ns, "B * max_segments"));
@@ -92,12 +92,15 @@ absl::Status CheckSideOutputs(const SegmentSeqlensSide& side, absl::string_view 
 
 }  // namespace
 
+absl::Status ValidateMaxSegments(int64_t max_segments) {
+  if (max_segments >= 1 && max_segments <= kInt32Max - 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "max_segments: is ", max_segments, ", expected 1 <= max_segments <= ", kInt32Max - 1));
+}
+
 absl::Status ValidateSegmentSeqlens(const SegmentSeqlensArgs& args) {
   const int64_t ns = args.max_segments;
-  if (ns < 1 || ns > kInt32Max - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_segments: is ", ns, ", expected 1 <= max_segments <= 2147483646"));
-  }
+  RETURN_IF_ERROR(ValidateMaxSegments(ns));
   if (args.mask != AttnMaskType::kPadding && args.mask != AttnMaskType::kCausal &&
       args.mask != AttnMaskType::kCausalBottomRight) {
     return absl::InvalidArgumentError(
@@ -134,8 +137,7 @@ absl::Status ValidateSegmentSeqlens(const SegmentSeqlensArgs& args) {
   }
 
   std::vector<NamedView> outputs;
-  RETURN_IF_ERROR(
-      CheckSideOutputs(args.q, "q", batch, ns, args.segment_ids_q.shape[1], &outputs));
+  RETURN_IF_ERROR(CheckSideOutputs(args.q, "q", batch, ns, args.segment_ids_q.shape[1], &outputs));
   if (cross) {
     RETURN_IF_ERROR(
         CheckSideOutputs(*args.kv, "kv", batch, ns, args.segment_ids_kv->shape[1], &outputs));
@@ -177,14 +179,14 @@ absl::Status SegmentDataError(const TensorView& view, absl::string_view field, i
       return absl::InvalidArgumentError(absl::StrCat(where, " is out of range [0, ", max_segments,
                                                      "] (0 = padding, ids are 1..max_segments)"));
     case SegmentErrorKind::kPaddingInside:
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": padding inside segment ", error.value,
-                       " (each segment must be one contiguous run)"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": padding inside segment ",
+                                                     error.value,
+                                                     " (each segment must be one contiguous run)"));
     case SegmentErrorKind::kNotIncreasing:
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " after segment ", error.prev_id,
-          ": segment ids must strictly increase along a row (id ", error.value,
-          " appears again or ids decrease)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " after segment ", error.prev_id,
+                       ": segment ids must strictly increase along a row (id ", error.value,
+                       " appears again or ids decrease)"));
     case SegmentErrorKind::kNegativePosition:
       return absl::InvalidArgumentError(
           absl::StrCat(where, " is negative (positions of non-padding tokens must be >= 0)"));

@@ -18,6 +18,7 @@ packages=(
   libbenchmark-dev
   python3-torch python3-numpy python3-venv python3-pip
   clang libclang-rt-14-dev
+  clang-format clang-tidy  # the style gate (scripts/check-style.sh, ctest -L style)
 )
 
 missing=()

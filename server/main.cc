@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/log.h"
-#include "server/grpc/server.h"
+#include "server/app/server.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/tokensel/tokensel.sock"},
           "Address to serve gRPC on; repeat the flag (or separate with commas) for several. "
@@ -93,7 +93,8 @@ ABSL_FLAG(bool, insecure_tcp, false,
           "Allow TCP listeners without TLS and/or without a bearer token (logs a WARNING). "
           "Without it a TCP listener lacking --tls_cert/--tls_key/--auth_token_file refuses "
           "to start.");
-ABSL_FLAG(std::string, log_level, "info", "Least severe log level shown: debug|info|warning|error.");
+ABSL_FLAG(std::string, log_level, "info",
+          "Least severe log level shown: debug|info|warning|error.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGTERM/SIGINT: how long in-flight requests may take before they are cancelled.");
 
@@ -133,6 +134,12 @@ int main(int argc, char** argv) {
     return absl::EndsWith(path, "server/main.cc");
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  // "Flags from server/main.cc", not from the absolute path of the build's
+  // source tree.
+  usage_config.normalize_filename = [](absl::string_view path) {
+    const size_t at = path.rfind("server/");
+    return std::string(at == absl::string_view::npos ? path : path.substr(at));
+  };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "token selection (sort, gather, scatter, masks, THD seqlens) as a "

@@ -175,9 +175,9 @@ absl::Status Bench(int* exit_code) {
   for (int w = 0; w < config.concurrency; ++w) {
     ASSIGN_OR_RETURN(client::Client c, Connect(config.target, TimeoutFlag()));
     clients.push_back(c.WithSession(session->id()));
-    ASSIGN_OR_RETURN(std::unique_ptr<Workload> workload,
-                     Workload::Create(sequence, sh, w, SeedFlag(), config.by_reference,
-                                      session.get()));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Workload> workload,
+        Workload::Create(sequence, sh, w, SeedFlag(), config.by_reference, session.get()));
     workloads.push_back(std::move(workload));
   }
   const bool json = absl::GetFlag(FLAGS_json);
@@ -205,8 +205,7 @@ int RunBench() {
 }  // namespace
 
 const Command kBenchCommand = {
-    "bench",
-    "load generator: op mix, concurrency, open/closed loop, latency percentiles",
+    "bench", "load generator: op mix, concurrency, open/closed loop, latency percentiles",
     "Runs requests against --server and reports per op: count, ops/s, latency\n"
     "p50/p90/p99/p999/max (us), MB/s of tensor data, errors by status code.\n"
     "Tensors live in registered shared memory (--by_reference, the default for unix\n"

@@ -233,10 +233,9 @@ absl::StatusOr<std::unique_ptr<Workload>> Workload::Create(const std::vector<Ben
   }
   if (by_reference) {
     if (session == nullptr) return absl::InvalidArgumentError("by reference needs a session");
-    ASSIGN_OR_RETURN(
-        client::SharedRegion region,
-        client::SharedRegion::CreateSealed(client::SharedRegion::UniqueName("", buffer),
-                                           tb.size()));
+    ASSIGN_OR_RETURN(client::SharedRegion region,
+                     client::SharedRegion::CreateSealed(
+                         client::SharedRegion::UniqueName("", buffer), tb.size()));
     tb.CopyInto(region.data());
     RETURN_IF_ERROR(session->RegisterBuffer(region.RegisterRequest(buffer)).status());
     w->region_.emplace(std::move(region));

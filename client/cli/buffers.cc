@@ -50,11 +50,9 @@ int RunBuffers() {
 }  // namespace
 
 const Command kBuffersCommand = {
-    "buffers",
-    "the buffers a session registered (ListBuffers)",
+    "buffers", "the buffers a session registered (ListBuffers)",
     "Lists the buffers of session --session (name, kind, bytes, device). A session\n"
     "sees only its own buffers, so without --session a fresh session lists none.",
-    ConnectionFlags({"json", "session"}),
-    &RunBuffers};
+    ConnectionFlags({"json", "session"}), &RunBuffers};
 
 }  // namespace tokensel::cli

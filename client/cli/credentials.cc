@@ -16,6 +16,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
+#include "common/bearer_token.h"
+#include "common/errno_string.h"
 
 ABSL_FLAG(bool, tls, false,
           "TCP: TLS, verified against the system roots unless --tls_ca is given. Implied by\n"
@@ -43,17 +45,16 @@ std::optional<TargetSecurity>& LastSecurity() {
 absl::StatusOr<std::string> ReadSmallFile(const std::string& what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read: ", ErrnoString(errno)));
   }
   std::ostringstream out;
   out << in.rdbuf();
   return out.str();
 }
 
-// The token in `path` (named `source` in messages, which never quote it).
+// The token in `path` (named `source` in messages, which never quote it);
+// warns once if others may read the file.
 absl::StatusOr<std::string> ReadToken(const std::string& source, const std::string& path) {
-  absl::StatusOr<std::string> contents = ReadSmallFile(source, path);
-  if (!contents.ok()) return contents.status();
   // Once per process: bench connects once per worker.
   static bool warned = false;
   struct stat st;
@@ -64,22 +65,7 @@ absl::StatusOr<std::string> ReadToken(const std::string& source, const std::stri
                  "chmod 600 it\n",
                  path.c_str(), static_cast<unsigned>(st.st_mode & 07777));
   }
-  return std::string(absl::StripAsciiWhitespace(*contents));
-}
-
-absl::Status CheckToken(const std::string& source, const std::string& token) {
-  if (token.empty())
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the token is empty"));
-  for (size_t i = 0; i < token.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c <= 0x20 || c >= 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": character ", i,
-          " of the token is not printable ASCII (spaces and control characters cannot be sent "
-          "after 'Bearer ')"));
-    }
-  }
-  return absl::OkStatus();
+  return ReadBearerTokenFile(source, path);
 }
 
 // The token from the flag, else the environment; empty token_source = none.
@@ -97,15 +83,14 @@ absl::Status FindToken(TargetSecurity* security) {
   } else if (token_env != nullptr && *token_env != '\0') {
     security->token_source = absl::StrCat("$", kTokenEnv);
     security->token = std::string(absl::StripAsciiWhitespace(token_env));
+    return CheckBearerToken(security->token_source, security->token);
   } else {
     return absl::OkStatus();
   }
-  if (!path.empty()) {
-    absl::StatusOr<std::string> token = ReadToken(security->token_source, path);
-    if (!token.ok()) return token.status();
-    security->token = *std::move(token);
-  }
-  return CheckToken(security->token_source, security->token);
+  absl::StatusOr<std::string> token = ReadToken(security->token_source, path);
+  if (!token.ok()) return token.status();
+  security->token = *std::move(token);
+  return absl::OkStatus();
 }
 
 // What gRPC's UNAVAILABLE says about a failed TLS handshake (its words

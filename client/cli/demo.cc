@@ -102,8 +102,7 @@ int RunDemo() {
 }  // namespace
 
 const Command kDemoCommand = {
-    "demo",
-    "play a Random-LTD training worker against a server, checked against the CPU",
+    "demo", "play a Random-LTD training worker against a server, checked against the CPU",
     "Starts tokensel-server on a private unix socket (metrics on --metrics_address),\n"
     "or uses --server, and plays a training worker on shared-memory buffers:\n"
     "BERT-style and GPT-style model steps (B=8, S=512, C=768 fp16; retained tokens\n"
@@ -115,7 +114,6 @@ const Command kDemoCommand = {
     "any check fails.\n"
     "  tokensel demo\n"
     "  tokensel demo --layers=2 --steps=1",
-    ConnectionFlags({"layers", "steps", "seed", "server_binary", "metrics_address"}),
-    &RunDemo};
+    ConnectionFlags({"layers", "steps", "seed", "server_binary", "metrics_address"}), &RunDemo};
 
 }  // namespace tokensel::cli

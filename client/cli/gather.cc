@@ -28,12 +28,10 @@ int RunGather() { return RunInSession("gather", Gather); }
 }  // namespace
 
 const Command kGatherCommand = {
-    "gather",
-    "GatherTokens: out[b,r,:] = activations[b,indices[b,r],:]",
+    "gather", "GatherTokens: out[b,r,:] = activations[b,indices[b,r],:]",
     "Gathers the rows named by --indices ([B,R]) from --activations and writes\n"
     "--out ([B,R,C], or [R,B,C] with --seq_first). Any dtype; tensors inline.\n"
     "  tokensel gather --activations=x.npy --indices=idx.npy --out=part.npy",
-    ConnectionFlags({"activations", "indices", "out", "seq_first"}),
-    &RunGather};
+    ConnectionFlags({"activations", "indices", "out", "seq_first"}), &RunGather};
 
 }  // namespace tokensel::cli

@@ -6,7 +6,7 @@
 #include "client/cli/command.h"
 #include "client/cli/connection.h"
 #include "client/cli/json.h"
-#include "health.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tokensel/client/status.h"
 
 ABSL_DECLARE_FLAG(bool, json);
@@ -43,11 +43,9 @@ int RunHealth() {
 }  // namespace
 
 const Command kHealthCommand = {
-    "health",
-    "grpc.health.v1 Check; exit 0 only when SERVING",
+    "health", "grpc.health.v1 Check; exit 0 only when SERVING",
     "Calls grpc.health.v1.Health/Check and prints the serving status (SERVING,\n"
     "NOT_SERVING, ...). Exit 0 when SERVING, 1 otherwise or when the call fails.",
-    ConnectionFlags({"json", "service"}),
-    &RunHealth};
+    ConnectionFlags({"json", "service"}), &RunHealth};
 
 }  // namespace tokensel::cli

@@ -47,11 +47,9 @@ int RunInfo() {
 }  // namespace
 
 const Command kInfoCommand = {
-    "info",
-    "server version, backend, devices and limits (GetServerInfo)",
+    "info", "server version, backend, devices and limits (GetServerInfo)",
     "Prints what GetServerInfo returns: version, backend (cpu|cuda), memory kinds,\n"
     "the shm name prefix, limits and GPUs. --json prints the ServerInfo message.",
-    ConnectionFlags({"json"}),
-    &RunInfo};
+    ConnectionFlags({"json"}), &RunInfo};
 
 }  // namespace tokensel::cli

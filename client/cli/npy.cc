@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/errno_string.h"
 #include "common/status_macros.h"
 
 namespace tokensel::cli {
@@ -271,7 +272,7 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array) {
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    const std::string reason = std::strerror(errno);
+    const std::string reason = ErrnoString(errno);
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": ", reason));
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", reason));
   }
@@ -287,7 +288,7 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
 absl::Status WriteNpy(const std::string& path, const NpyArray& array) {
   ASSIGN_OR_RETURN(std::string bytes, SerializeNpy(array));
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(errno)));
+  if (!out) return absl::InvalidArgumentError(absl::StrCat(path, ": ", ErrnoString(errno)));
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
   if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));

@@ -27,12 +27,10 @@ int RunScatter() { return RunInSession("scatter", Scatter); }
 }  // namespace
 
 const Command kScatterCommand = {
-    "scatter",
-    "ScatterTokens: all[b,indices[b,r],:] = layer[b,r,:]",
+    "scatter", "ScatterTokens: all[b,indices[b,r],:] = layer[b,r,:]",
     "Writes the rows of --layer into a copy of --all at --indices (unique per row)\n"
     "and saves the result as --out; rows not named keep --all's values.\n"
     "  tokensel scatter --all=x.npy --layer=part.npy --indices=idx.npy --out=y.npy",
-    ConnectionFlags({"all", "layer", "indices", "out", "seq_first"}),
-    &RunScatter};
+    ConnectionFlags({"all", "layer", "indices", "out", "seq_first"}), &RunScatter};
 
 }  // namespace tokensel::cli

@@ -8,26 +8,23 @@
 // Start() makes a temp directory for the socket, runs
 //   <binary> --listen=unix://<dir>/tokensel.sock --metrics_address=<metrics_address>
 //            --shm_prefix=<shm_prefix>
-// with stdout/stderr on a pipe drained by a thread (kept for error reports),
-// waits for the "metrics on http://..." announcement (when metrics are on)
-// and for grpc.health.v1 SERVING, all within `startup_timeout`. The child
-// gets PR_SET_PDEATHSIG=SIGKILL, so it never outlives the CLI. The
-// destructor stops a still-running child (SIGTERM, then SIGKILL after 10 s)
-// and removes the directory.
+// as a tokensel::Subprocess (common/subprocess.h) with stdout/stderr on one
+// pipe (the last lines kept for error reports), waits for the
+// "metrics on http://..." announcement (when metrics are on) and for
+// grpc.health.v1 SERVING, all within `startup_timeout`. The child gets
+// PR_SET_PDEATHSIG=SIGKILL, so it never outlives the CLI. The destructor
+// stops a still-running child (SIGTERM, then SIGKILL after 10 s) and removes
+// the directory.
 #ifndef TOKENSEL_CLIENT_CLI_SERVER_LAUNCHER_H_
 #define TOKENSEL_CLIENT_CLI_SERVER_LAUNCHER_H_
 
-#include <sys/types.h>
-
 #include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace tokensel::cli {
 
@@ -62,20 +59,11 @@ class LaunchedServer {
  private:
   LaunchedServer() = default;
   absl::Status WithOutput(const absl::Status& status) const;
-  void ReadLoop(int fd);
-  // waitpid with a deadline; the raw wait status.
-  absl::StatusOr<int> Wait(absl::Duration timeout);
 
-  pid_t pid_ = -1;
-  bool reaped_ = false;
   std::string dir_;
   std::string target_;
   std::string metrics_url_;
-  std::thread reader_;
-
-  mutable absl::Mutex mu_;
-  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
-  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Subprocess> process_;
 };
 
 }  // namespace tokensel::cli

@@ -29,13 +29,11 @@ int RunSort() { return RunInSession("sort", Sort); }
 }  // namespace
 
 const Command kSortCommand = {
-    "sort",
-    "SortTokens: sort each row of token ids (.npy in, .npy out)",
+    "sort", "SortTokens: sort each row of token ids (.npy in, .npy out)",
     "Sorts each row of --ids (unique ids in [0, --original_tokens)) ascending and\n"
     "writes --out; --inverse also writes the int32 inverse map (rank of each\n"
     "position, -1 if absent). Tensors travel inline.\n"
     "  tokensel sort --ids=ids.npy --original_tokens=512 --out=sorted.npy",
-    ConnectionFlags({"ids", "original_tokens", "out", "inverse"}),
-    &RunSort};
+    ConnectionFlags({"ids", "original_tokens", "out", "inverse"}), &RunSort};
 
 }  // namespace tokensel::cli

@@ -26,13 +26,11 @@ int RunTopK() { return RunInSession("topk", TopK); }
 }  // namespace
 
 const Command kTopKCommand = {
-    "topk",
-    "TopKTokens: the R highest-scoring positions per row, ascending",
+    "topk", "TopKTokens: the R highest-scoring positions per row, ascending",
     "Writes --out, int32 [..., R]: per row of --scores the --retained_tokens\n"
     "positions with the highest scores, in ascending position order (ties to the\n"
     "lower position, NaN lowest).\n"
     "  tokensel topk --scores=s.npy --retained_tokens=128 --out=ids.npy",
-    ConnectionFlags({"scores", "retained_tokens", "out"}),
-    &RunTopK};
+    ConnectionFlags({"scores", "retained_tokens", "out"}), &RunTopK};
 
 }  // namespace tokensel::cli

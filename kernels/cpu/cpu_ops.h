@@ -56,6 +56,16 @@ uint64_t ScratchBytes(const SegmentSeqlensArgs& args, int threads);
 uint64_t ScratchBytes(const SampleTokensArgs& args, int threads);
 uint64_t ScratchBytes(const TopKTokensArgs& args, int threads);
 
+// Run<Op> by argument type, for code generic over the ops (CpuBackend).
+inline absl::Status Run(const SortTokensArgs& a, ThreadPool* p) { return SortTokens(a, p); }
+inline absl::Status Run(const GatherTokensArgs& a, ThreadPool* p) { return GatherTokens(a, p); }
+inline absl::Status Run(const ScatterTokensArgs& a, ThreadPool* p) { return ScatterTokens(a, p); }
+inline absl::Status Run(const GatherBertMaskArgs& a, ThreadPool* p) { return GatherBertMask(a, p); }
+inline absl::Status Run(const SliceGptMaskArgs& a, ThreadPool* p) { return SliceGptMask(a, p); }
+inline absl::Status Run(const SegmentSeqlensArgs& a, ThreadPool* p) { return SegmentSeqlens(a, p); }
+inline absl::Status Run(const SampleTokensArgs& a, ThreadPool* p) { return SampleTokens(a, p); }
+inline absl::Status Run(const TopKTokensArgs& a, ThreadPool* p) { return TopKTokens(a, p); }
+
 }  // namespace tokensel::kernels::cpu
 
 #endif  // TOKENSEL_KERNELS_CPU_CPU_OPS_H_

@@ -92,16 +92,15 @@ struct RowCopyShape {
   int64_t row_bytes = 0;   // count * elem (contiguous kernel)
   int64_t dst_stride = 0;  // element stride in bytes (strided kernel)
   int64_t src_stride = 0;
-  int units = 1;           // elem / unit (strided kernel)
-  int group_log2 = 0;      // threads per row = 1 << group_log2
+  int units = 1;       // elem / unit (strided kernel)
+  int group_log2 = 0;  // threads per row = 1 << group_log2
 };
 
 // Copies `bytes` bytes from src to dst with the threads `lane` of a group of
 // `group`; dst - src must be a multiple of kVec.
 template <int kVec>
-__device__ __forceinline__ void CopyRowBytes(char* __restrict__ dst,
-                                             const char* __restrict__ src, int64_t bytes,
-                                             int lane, int group) {
+__device__ __forceinline__ void CopyRowBytes(char* __restrict__ dst, const char* __restrict__ src,
+                                             int64_t bytes, int lane, int group) {
   using Vec = typename VecType<kVec>::Type;
   if constexpr (kVec > 1) {
     const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst) & (kVec - 1));
@@ -138,8 +137,8 @@ __global__ void __launch_bounds__(kCopyBlockThreads)
   const int lane = static_cast<int>(threadIdx.x) & (group - 1);
   const int64_t groups_per_block = kCopyBlockThreads >> shape.group_log2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * groups_per_block;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * groups_per_block +
-                     (threadIdx.x >> shape.group_log2);
+  for (int64_t row =
+           static_cast<int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> shape.group_log2);
        row < shape.rows; row += step) {
     const RowPtrs p = map(row);
     CopyRowBytes<kVec>(p.dst, p.src, shape.row_bytes, lane, group);
@@ -155,8 +154,8 @@ __global__ void __launch_bounds__(kCopyBlockThreads)
   const int lane = static_cast<int>(threadIdx.x) & (group - 1);
   const int64_t groups_per_block = kCopyBlockThreads >> shape.group_log2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * groups_per_block;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * groups_per_block +
-                     (threadIdx.x >> shape.group_log2);
+  for (int64_t row =
+           static_cast<int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> shape.group_log2);
        row < shape.rows; row += step) {
     const RowPtrs p = map(row);
     for (int64_t c = lane; c < shape.count; c += group) {
@@ -202,8 +201,8 @@ struct RowCopyPlan {
 // element strides of the row's own dimension.
 inline RowCopyPlan PlanRowCopy(int64_t rows, int64_t count, int64_t elem, const void* dst,
                                const void* src, std::initializer_list<RowDim> dst_dims,
-                               std::initializer_list<RowDim> src_dims,
-                               int64_t dst_channel_stride, int64_t src_channel_stride) {
+                               std::initializer_list<RowDim> src_dims, int64_t dst_channel_stride,
+                               int64_t src_channel_stride) {
   RowCopyPlan plan;
   plan.shape.rows = rows;
   plan.shape.count = count;
@@ -223,7 +222,8 @@ inline RowCopyPlan PlanRowCopy(int64_t rows, int64_t count, int64_t elem, const 
     const int64_t nvec = (plan.shape.row_bytes + plan.width - 1) / plan.width;
     // Short rows: one vector per thread; long rows: kCopyUnroll per thread.
     plan.shape.group_log2 =
-        nvec <= 32 ? CeilLog2(nvec) : std::clamp(CeilLog2((nvec + kCopyUnroll - 1) / kCopyUnroll), 5, 8);
+        nvec <= 32 ? CeilLog2(nvec)
+                   : std::clamp(CeilLog2((nvec + kCopyUnroll - 1) / kCopyUnroll), 5, 8);
   } else {
     bits |= static_cast<uint64_t>(dst_channel_stride * elem) |
             static_cast<uint64_t>(src_channel_stride * elem);

@@ -27,11 +27,9 @@ namespace tokensel::kernels::cuda {
 
 // INTERNAL status for a failed CUDA call. `what` is the expression or a
 // description ("launch of MyKernel").
-inline absl::Status CudaError(cudaError_t err, absl::string_view what, const char* file,
-                              int line) {
+inline absl::Status CudaError(cudaError_t err, absl::string_view what, const char* file, int line) {
   return absl::InternalError(absl::StrCat("CUDA error: ", what, " failed: ", cudaGetErrorName(err),
-                                          " (", cudaGetErrorString(err), ") at ", file, ":",
-                                          line));
+                                          " (", cudaGetErrorString(err), ") at ", file, ":", line));
 }
 
 // OK or CudaError(); a function form for call sites that want a Status value.
@@ -42,24 +40,23 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view what, const ch
 
 }  // namespace tokensel::kernels::cuda
 
-#define CUDA_RETURN_IF_ERROR(expr)                                                     \
-  do {                                                                                 \
-    const cudaError_t tokensel_cuda_err_ = (expr);                                     \
-    if (tokensel_cuda_err_ != cudaSuccess) {                                           \
-      return ::tokensel::kernels::cuda::CudaError(tokensel_cuda_err_, #expr, __FILE__, \
-                                                  __LINE__);                           \
-    }                                                                                  \
+#define CUDA_RETURN_IF_ERROR(expr)                                                                \
+  do {                                                                                            \
+    const cudaError_t tokensel_cuda_err_ = (expr);                                                \
+    if (tokensel_cuda_err_ != cudaSuccess) {                                                      \
+      return ::tokensel::kernels::cuda::CudaError(tokensel_cuda_err_, #expr, __FILE__, __LINE__); \
+    }                                                                                             \
   } while (false)
 
 // `kernel_name` is a string literal naming the kernel just launched.
-#define CUDA_RETURN_IF_LAUNCH_ERROR(kernel_name)                                        \
-  do {                                                                                  \
-    const cudaError_t tokensel_cuda_err_ = cudaPeekAtLastError();                       \
-    if (tokensel_cuda_err_ != cudaSuccess) {                                            \
-      (void)cudaGetLastError();                                                         \
-      return ::tokensel::kernels::cuda::CudaError(                                      \
-          tokensel_cuda_err_, "launch of " kernel_name, __FILE__, __LINE__);            \
-    }                                                                                   \
+#define CUDA_RETURN_IF_LAUNCH_ERROR(kernel_name)                                                \
+  do {                                                                                          \
+    const cudaError_t tokensel_cuda_err_ = cudaPeekAtLastError();                               \
+    if (tokensel_cuda_err_ != cudaSuccess) {                                                    \
+      (void)cudaGetLastError();                                                                 \
+      return ::tokensel::kernels::cuda::CudaError(tokensel_cuda_err_, "launch of " kernel_name, \
+                                                  __FILE__, __LINE__);                          \
+    }                                                                                           \
   } while (false)
 
 #endif  // TOKENSEL_KERNELS_CUDA_CUDA_CHECK_CUH_

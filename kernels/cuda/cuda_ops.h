@@ -68,10 +68,21 @@ struct DeviceStatus {
 };
 inline constexpr size_t kDeviceStatusBytes = 256;
 
-#define TOKENSEL_CUDA_OP(Op)                                                     \
-  size_t Op##WorkspaceBytes(const Op##Args& args);                              \
-  absl::Status Op##Async(const Op##Args& args, Workspace ws, Stream stream);    \
-  absl::Status Op##Finish(const Op##Args& args, Workspace ws, Stream stream)
+// Per op: the three entry points, and the same under uniform names
+// (WorkspaceBytes / Async / Finish overloaded by argument type) for code
+// generic over the ops (server/backends/cuda_backend.cc).
+#define TOKENSEL_CUDA_OP(Op)                                                              \
+  size_t Op##WorkspaceBytes(const Op##Args& args);                                        \
+  absl::Status Op##Async(const Op##Args& args, Workspace ws, Stream stream);              \
+  absl::Status Op##Finish(const Op##Args& args, Workspace ws, Stream stream);             \
+  inline size_t WorkspaceBytes(const Op##Args& args) { return Op##WorkspaceBytes(args); } \
+  inline absl::Status Async(const Op##Args& args, Workspace ws, Stream stream) {          \
+    return Op##Async(args, ws, stream);                                                   \
+  }                                                                                       \
+  inline absl::Status Finish(const Op##Args& args, Workspace ws, Stream stream) {         \
+    return Op##Finish(args, ws, stream);                                                  \
+  }                                                                                       \
+  static_assert(true, "")
 
 TOKENSEL_CUDA_OP(SortTokens);
 TOKENSEL_CUDA_OP(GatherTokens);

@@ -62,11 +62,11 @@ absl::Status GatherTokensAsync(const GatherTokensArgs& args, Workspace ws, Strea
   if (rows == 0 || d.channels == 0) return absl::OkStatus();
   const int b_axis = bf ? 0 : 1;
   const int s_axis = bf ? 1 : 0;
-  const RowCopyPlan plan = PlanRowCopy(
-      rows, d.channels, act.elem_size(), out.data, act.data,
-      {{out.strides[b_axis], d.batch}, {out.strides[s_axis], d.retained}},
-      {{act.strides[b_axis], d.batch}, {act.strides[s_axis], d.seq}}, out.strides[2],
-      act.strides[2]);
+  const RowCopyPlan plan =
+      PlanRowCopy(rows, d.channels, act.elem_size(), out.data, act.data,
+                  {{out.strides[b_axis], d.batch}, {out.strides[s_axis], d.retained}},
+                  {{act.strides[b_axis], d.batch}, {act.strides[s_axis], d.seq}}, out.strides[2],
+                  act.strides[2]);
   return LaunchRowCopy(plan, GatherRowMap{act, idx, out, d.batch, d.retained, bf}, ws, stream);
 }
 

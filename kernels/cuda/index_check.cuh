@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(256)
   const int64_t n = idx.shape[kRank - 1];
   const int64_t total = rows * n;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       linear < total; linear += step) {
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += step) {
     const int64_t row = linear / n;
     const int64_t value = LoadIndex(idx, IndexOffset(idx, row, linear - row * n));
     if (value < 0 || value >= limit) {
@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(256)
 // Enqueues the check of `indices` ([B,R] or [L,B,R]; uniqueness only for
 // [B,R]), a snapshot view. With `bitmap` non-null (uniqueness), zeroes it
 // first: rows * BitmapWordsPerRow(limit) words (workspace_layout.h).
-inline absl::Status LaunchIndexCheck(const TensorView& indices, int64_t limit,
-                                     unsigned int* bitmap, Workspace ws, Stream stream) {
+inline absl::Status LaunchIndexCheck(const TensorView& indices, int64_t limit, unsigned int* bitmap,
+                                     Workspace ws, Stream stream) {
   const int64_t rows = indices.NumRows();
   const int64_t total = rows * indices.shape[indices.rank - 1];
   if (total == 0) return absl::OkStatus();

@@ -7,9 +7,9 @@
 //
 // GatherBertMask: out[l,b,h,i,j] = mask[b,h,Sq==1 ? 0 : idx[l,b,i], idx[l,b,j]].
 // Work item = (index row l*B+b, chunk of kBertRowsPerItem output rows (h,i)),
-// grid y over index rows and x over chunks (grid-stride both); a block stages the R key columns of its index row in shared memory as byte
-// offsets (kBertKeyTile at a time), then each warp copies whole output rows:
-// lane j writes out[..., j] (coalesced) from the gathered column idx[j] of the
+// grid y over index rows and x over chunks (grid-stride both); a block stages the R key columns of
+// its index row in shared memory as byte offsets (kBertKeyTile at a time), then each warp copies
+// whole output rows: lane j writes out[..., j] (coalesced) from the gathered column idx[j] of the
 // source row (scattered reads within one mask row). Indices are first
 // snapshotted into the workspace (snapshot.cuh: the only read of the client's
 // index tensor), the snapshot is range-checked (CheckIndicesKernel), and the
@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(kBertThreads)
         m.h = first / retained;
         m.i = first - m.h * retained;
         Advance(m, warp, retained);
-        for (int64_t hr = first + warp; hr < last; hr += kBertWarps, Advance(m, kBertWarps, retained)) {
+        for (int64_t hr = first + warp; hr < last;
+             hr += kBertWarps, Advance(m, kBertWarps, retained)) {
           const int64_t query = LoadIndex(idx, index_base + m.i * index_stride);
           const char* src = p.mask.At(BertMaskSourceRowOffset(p.mask, m.b, m.h, query));
           char* dst = out.At(BertMaskOutOffset(out, m)) + j0 * out_stride;
@@ -114,8 +115,8 @@ __global__ void __launch_bounds__(kBertThreads)
 // Widest unit (<= elem) dividing both bases and every stride in bytes.
 int BertUnit(const GatherBertMaskArgs& args) {
   const int64_t elem = args.mask.elem_size();
-  uint64_t bits = reinterpret_cast<uint64_t>(args.mask.data) |
-                  reinterpret_cast<uint64_t>(args.out.data);
+  uint64_t bits =
+      reinterpret_cast<uint64_t>(args.mask.data) | reinterpret_cast<uint64_t>(args.out.data);
   for (int d = 0; d < 4; ++d) bits |= static_cast<uint64_t>(args.mask.strides[d] * elem);
   for (int d = 0; d < 5; ++d) bits |= static_cast<uint64_t>(args.out.strides[d] * elem);
   return WidestDivisor(bits, static_cast<int>(elem));
@@ -184,8 +185,7 @@ absl::Status GatherBertMaskFinish(const GatherBertMaskArgs& args, Workspace ws, 
   // payload shrunk (oracle_args.h: a one-element mask, out of one head).
   GatherBertMaskArgs host =
       GatherBertMaskOracleArgs(args, SectionAt(ws, GatherBertMaskLayout(args).snapshot));
-  return FinishWithCpuOracle(ws, stream, "GatherBertMask", {&host.indices},
-                             {&host.mask, &host.out},
+  return FinishWithCpuOracle(ws, stream, "GatherBertMask", {&host.indices}, {&host.mask, &host.out},
                              [&] { return cpu::GatherBertMask(host, nullptr); });
 }
 
@@ -202,7 +202,8 @@ absl::Status SliceGptMaskAsync(const SliceGptMaskArgs& args, Workspace ws, Strea
   const RowCopyPlan plan = PlanRowCopy(
       rows, retained, mask.elem_size(), out.data, mask.data,
       {{out.strides[0], out.shape[0]}, {out.strides[1], out.shape[1]}, {out.strides[2], retained}},
-      {{mask.strides[0], out.shape[0]}, {mask.strides[1], out.shape[1]},
+      {{mask.strides[0], out.shape[0]},
+       {mask.strides[1], out.shape[1]},
        {mask.strides[2], retained}},
       out.strides[3], mask.strides[3]);
   return LaunchRowCopy(plan, GptRowMap{mask, out}, ws, stream);

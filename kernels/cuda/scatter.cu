@@ -66,11 +66,11 @@ absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Str
   if (d.channels == 0) return absl::OkStatus();
   const int b_axis = bf ? 0 : 1;
   const int s_axis = bf ? 1 : 0;
-  const RowCopyPlan plan = PlanRowCopy(
-      rows, d.channels, all.elem_size(), all.data, layer.data,
-      {{all.strides[b_axis], d.batch}, {all.strides[s_axis], d.seq}},
-      {{layer.strides[b_axis], d.batch}, {layer.strides[s_axis], d.retained}}, all.strides[2],
-      layer.strides[2]);
+  const RowCopyPlan plan =
+      PlanRowCopy(rows, d.channels, all.elem_size(), all.data, layer.data,
+                  {{all.strides[b_axis], d.batch}, {all.strides[s_axis], d.seq}},
+                  {{layer.strides[b_axis], d.batch}, {layer.strides[s_axis], d.retained}},
+                  all.strides[2], layer.strides[2]);
   return LaunchRowCopy(plan, ScatterRowMap{all, layer, idx, d.batch, d.retained, bf}, ws, stream);
 }
 
@@ -79,8 +79,7 @@ absl::Status ScatterTokensFinish(const ScatterTokensArgs& args, Workspace ws, St
   // payload shrunk away (oracle_args.h: no host copies of all and layer).
   ScatterTokensArgs host =
       ScatterTokensOracleArgs(args, SectionAt(ws, ScatterTokensLayout(args).snapshot));
-  return FinishWithCpuOracle(ws, stream, "ScatterTokens", {&host.indices},
-                             {&host.all, &host.layer},
+  return FinishWithCpuOracle(ws, stream, "ScatterTokens", {&host.indices}, {&host.all, &host.layer},
                              [&] { return cpu::ScatterTokens(host, nullptr); });
 }
 

@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(kThreads) WriteKernel(Workspace ws, WriteParam
       const int32_t off = st.offset[i];
       Store32(o.offset, b * o.offset.strides[0] + j * o.offset.strides[1], off);
       if (j < ns) {
-        Store32(o.seqlen, b * o.seqlen.strides[0] + j * o.seqlen.strides[1],
-                st.seqlen[b * ns + j]);
+        Store32(o.seqlen, b * o.seqlen.strides[0] + j * o.seqlen.strides[1], st.seqlen[b * ns + j]);
       }
       if (!o.packed) continue;
       WritePacked(o, st, b, j, ns, p.batch, p.row_length[s]);

@@ -60,11 +60,11 @@ struct SideInput {
 
 // Staging of one side in the workspace ([B][NS], [B][NS+1], ...).
 struct SideStage {
-  int32_t* seqlen = nullptr;   // id-indexed, slot j = id j+1
-  int32_t* offset = nullptr;   // first NS+1 kept-run starts, fill -1
-  int32_t* cum = nullptr;      // packed only: inclusive sums of the compacted seqlens
-  RowTotals* totals = nullptr; // packed only: [B]
-  RowTotals* bases = nullptr;  // packed only: [B+1] exclusive scan of totals
+  int32_t* seqlen = nullptr;    // id-indexed, slot j = id j+1
+  int32_t* offset = nullptr;    // first NS+1 kept-run starts, fill -1
+  int32_t* cum = nullptr;       // packed only: inclusive sums of the compacted seqlens
+  RowTotals* totals = nullptr;  // packed only: [B]
+  RowTotals* bases = nullptr;   // packed only: [B+1] exclusive scan of totals
 };
 
 struct RowParams {
@@ -246,8 +246,7 @@ struct RunningPrefix {
 // One element of a client view, loaded exactly once: volatile, so the
 // compiler can neither repeat the load (and validate one value but store
 // another in the snapshot) nor serve it from a read-only cache line.
-__device__ __forceinline__ long long LoadClientIdx(const TensorView& v, int64_t off,
-                                                   bool aligned) {
+__device__ __forceinline__ long long LoadClientIdx(const TensorView& v, int64_t off, bool aligned) {
   const bool wide = v.dtype == DType::kInt64;
   if (aligned) {
     if (wide) return *(static_cast<const volatile long long*>(v.data) + off);
@@ -346,8 +345,8 @@ enum Mode { kSelf = 0, kAggregate = 1, kKeep = 2 };
 // stream using `mine` (this side) and `other`. Emitting = offsets by kept-run
 // rank and kept counts into the id-indexed seqlen bins.
 template <int kMode>
-__device__ void ScanSide(const RowParams& p, int s, int64_t row, DevAgg* mine,
-                         const DevAgg* other, TileStorage* sm) {
+__device__ void ScanSide(const RowParams& p, int s, int64_t row, DevAgg* mine, const DevAgg* other,
+                         TileStorage* sm) {
   const SideInput& in = p.in[s];
   const SideStage& st = p.stage[s];
   const int64_t n = in.n;

@@ -1,6 +1,4 @@
 // Host helpers of the device status word (contracts: status.cuh).
-#include "kernels/cuda/status.cuh"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/status.cuh"
 #include "kernels/validate.h"
 
 namespace tokensel::kernels::cuda {
@@ -24,8 +23,8 @@ absl::Status CheckWorkspace(Workspace ws, size_t required, absl::string_view op)
         absl::StrCat(op, ": workspace must be 256-byte aligned (cudaMalloc memory is)"));
   }
   if (ws.bytes < required) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": workspace has ", ws.bytes,
-                                                   " bytes, needs ", required));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": workspace has ", ws.bytes, " bytes, needs ", required));
   }
   return absl::OkStatus();
 }
@@ -81,8 +80,8 @@ absl::Status FinishWithCpuOracle(Workspace ws, Stream stream, absl::string_view 
     auto buf = HostBuffer(*v, &bytes);
     if (!buf.ok()) return buf.status();
     if (bytes > 0) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(buf->get(), v->data, static_cast<size_t>(bytes),
-                                      cudaMemcpyDeviceToHost));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(buf->get(), v->data, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
     }
     v->data = buf->get();
     buffers.push_back(std::move(*buf));

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -71,43 +72,13 @@ absl::Status CpuBackend::CopyFromStaging(void* dst, const Staging& src, uint64_t
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Run(const kernels::SortTokensArgs& args) {
-  return kernels::cpu::SortTokens(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::GatherTokensArgs& args) {
-  return kernels::cpu::GatherTokens(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::ScatterTokensArgs& args) {
-  return kernels::cpu::ScatterTokens(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::GatherBertMaskArgs& args) {
-  return kernels::cpu::GatherBertMask(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::SliceGptMaskArgs& args) {
-  return kernels::cpu::SliceGptMask(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::SegmentSeqlensArgs& args) {
-  return kernels::cpu::SegmentSeqlens(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::SampleTokensArgs& args) {
-  return kernels::cpu::SampleTokens(args, &pool_);
-}
-absl::Status CpuBackend::Run(const kernels::TopKTokensArgs& args) {
-  return kernels::cpu::TopKTokens(args, &pool_);
+absl::Status CpuBackend::RunOp(core::OpArgs args) {
+  return std::visit([this](const auto* a) { return kernels::cpu::Run(*a, &pool_); }, args);
 }
 
-#define TOKENSEL_CPU_SCRATCH(Op)                                          \
-  uint64_t CpuBackend::ScratchBytes(const kernels::Op##Args& args) const { \
-    return kernels::cpu::ScratchBytes(args, pool_.threads());             \
-  }
-TOKENSEL_CPU_SCRATCH(SortTokens)
-TOKENSEL_CPU_SCRATCH(GatherTokens)
-TOKENSEL_CPU_SCRATCH(ScatterTokens)
-TOKENSEL_CPU_SCRATCH(GatherBertMask)
-TOKENSEL_CPU_SCRATCH(SliceGptMask)
-TOKENSEL_CPU_SCRATCH(SegmentSeqlens)
-TOKENSEL_CPU_SCRATCH(SampleTokens)
-TOKENSEL_CPU_SCRATCH(TopKTokens)
-#undef TOKENSEL_CPU_SCRATCH
+uint64_t CpuBackend::OpScratchBytes(core::OpArgs args) const {
+  return std::visit(
+      [this](const auto* a) { return kernels::cpu::ScratchBytes(*a, pool_.threads()); }, args);
+}
 
 }  // namespace tokensel::backends

@@ -32,24 +32,10 @@ class CpuBackend final : public core::Backend {
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;
 
-  absl::Status Run(const kernels::SortTokensArgs& args) override;
-  absl::Status Run(const kernels::GatherTokensArgs& args) override;
-  absl::Status Run(const kernels::ScatterTokensArgs& args) override;
-  absl::Status Run(const kernels::GatherBertMaskArgs& args) override;
-  absl::Status Run(const kernels::SliceGptMaskArgs& args) override;
-  absl::Status Run(const kernels::SegmentSeqlensArgs& args) override;
-  absl::Status Run(const kernels::SampleTokensArgs& args) override;
-  absl::Status Run(const kernels::TopKTokensArgs& args) override;
-
+  // kernels::cpu::Run on this pool.
+  absl::Status RunOp(core::OpArgs args) override;
   // kernels::cpu::ScratchBytes on this pool's thread count.
-  uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::GatherBertMaskArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::SliceGptMaskArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::SegmentSeqlensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::SampleTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::TopKTokensArgs& args) const override;
+  uint64_t OpScratchBytes(core::OpArgs args) const override;
 
  private:
   kernels::cpu::ThreadPool pool_;

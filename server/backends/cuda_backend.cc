@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <iterator>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -59,9 +60,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
   }
   if (chosen == nullptr) {
     std::string known;
-    for (const kc::DeviceInfo& d : devices) absl::StrAppend(&known, known.empty() ? "" : ", ", d.uuid);
-    return absl::NotFoundError(
-        absl::StrCat("cuda backend: no device with UUID '", device_uuid, "' (visible: ", known, ")"));
+    for (const kc::DeviceInfo& d : devices)
+      absl::StrAppend(&known, known.empty() ? "" : ", ", d.uuid);
+    return absl::NotFoundError(absl::StrCat("cuda backend: no device with UUID '", device_uuid,
+                                            "' (visible: ", known, ")"));
   }
   core::DeviceDescription desc{chosen->ordinal, chosen->uuid, chosen->name,
                                chosen->compute_capability, chosen->total_memory_bytes};
@@ -138,8 +140,8 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       Release(lease);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
     }
     absl::MutexLock lock(&mu_);
     all_workspaces_.push_back(p);
@@ -178,13 +180,13 @@ void CudaBackend::Release(const Lease& lease) {
   for (void* p : to_free) (void)cudaFree(p);
 }
 
-template <typename Args, typename Bytes, typename Async, typename Finish>
-absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Finish finish) {
+template <typename Args>
+absl::Status CudaBackend::RunTyped(const Args& args) {
   // The workspace size is defined for valid metadata only (cuda_ops.h).
   RETURN_IF_ERROR(kernels::Validate(args));
-  ASSIGN_OR_RETURN(const Lease lease, Acquire(bytes(args)));
-  absl::Status st = async(args, lease.ws, lease.stream);
-  if (st.ok()) st = finish(args, lease.ws, lease.stream);
+  ASSIGN_OR_RETURN(const Lease lease, Acquire(kc::WorkspaceBytes(args)));
+  absl::Status st = kc::Async(args, lease.ws, lease.stream);
+  if (st.ok()) st = kc::Finish(args, lease.ws, lease.stream);
   if (!st.ok()) {
     // Kernels may still be queued (a later launch failed, or Finish stopped
     // at a CUDA error before it synchronized): drain before the workspace
@@ -195,22 +197,17 @@ absl::Status CudaBackend::RunOp(const Args& args, Bytes bytes, Async async, Fini
   return st;
 }
 
-#define TOKENSEL_CUDA_RUN(Op)                                                                \
-  absl::Status CudaBackend::Run(const kernels::Op##Args& args) {                             \
-    return RunOp(args, kc::Op##WorkspaceBytes, kc::Op##Async, kc::Op##Finish);               \
-  }                                                                                          \
-  uint64_t CudaBackend::ScratchBytes(const kernels::Op##Args& args) const {                  \
-    return kernels::Validate(args).ok() ? AllocationBytes(kc::Op##WorkspaceBytes(args)) : 0; \
-  }
-TOKENSEL_CUDA_RUN(SortTokens)
-TOKENSEL_CUDA_RUN(GatherTokens)
-TOKENSEL_CUDA_RUN(ScatterTokens)
-TOKENSEL_CUDA_RUN(GatherBertMask)
-TOKENSEL_CUDA_RUN(SliceGptMask)
-TOKENSEL_CUDA_RUN(SegmentSeqlens)
-TOKENSEL_CUDA_RUN(SampleTokens)
-TOKENSEL_CUDA_RUN(TopKTokens)
-#undef TOKENSEL_CUDA_RUN
+absl::Status CudaBackend::RunOp(core::OpArgs args) {
+  return std::visit([this](const auto* a) { return RunTyped(*a); }, args);
+}
+
+uint64_t CudaBackend::OpScratchBytes(core::OpArgs args) const {
+  return std::visit(
+      [](const auto* a) -> uint64_t {
+        return kernels::Validate(*a).ok() ? AllocationBytes(kc::WorkspaceBytes(*a)) : 0;
+      },
+      args);
+}
 
 absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateStaging(
     uint64_t bytes) {

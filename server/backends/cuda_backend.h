@@ -46,6 +46,9 @@ class CudaBackend final : public core::Backend {
   ~CudaBackend() override;
 
   absl::string_view name() const override { return "cuda"; }
+  core::IpcEventSupport ipc_events() const override {
+    return core::IpcEventSupport::kNotImplemented;
+  }
   bool CanAccess(core::MemoryKind kind) const override {
     return kind == core::MemoryKind::kCudaDevice;
   }
@@ -59,26 +62,11 @@ class CudaBackend final : public core::Backend {
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;
 
-  absl::Status Run(const kernels::SortTokensArgs& args) override;
-  absl::Status Run(const kernels::GatherTokensArgs& args) override;
-  absl::Status Run(const kernels::ScatterTokensArgs& args) override;
-  absl::Status Run(const kernels::GatherBertMaskArgs& args) override;
-  absl::Status Run(const kernels::SliceGptMaskArgs& args) override;
-  absl::Status Run(const kernels::SegmentSeqlensArgs& args) override;
-  absl::Status Run(const kernels::SampleTokensArgs& args) override;
-  absl::Status Run(const kernels::TopKTokensArgs& args) override;
-
-  // The device workspace Run(args) may allocate: the op's WorkspaceBytes
+  absl::Status RunOp(core::OpArgs args) override;
+  // The device workspace RunOp(args) may allocate: the op's WorkspaceBytes
   // rounded up to the allocation granule (saturating; 0 for metadata that
   // fails validation).
-  uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::GatherBertMaskArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::SliceGptMaskArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::SegmentSeqlensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::SampleTokensArgs& args) const override;
-  uint64_t ScratchBytes(const kernels::TopKTokensArgs& args) const override;
+  uint64_t OpScratchBytes(core::OpArgs args) const override;
 
   // Pool statistics (tests, metrics): device allocations made for workspaces
   // so far, and workspaces currently cached.
@@ -100,8 +88,9 @@ class CudaBackend final : public core::Backend {
   absl::StatusOr<Lease> Acquire(size_t workspace_bytes);
   void Release(const Lease& lease);
 
-  template <typename Args, typename Bytes, typename Async, typename Finish>
-  absl::Status RunOp(const Args& args, Bytes bytes, Async async, Finish finish);
+  // Validate, lease a stream and workspace, Async + Finish, release.
+  template <typename Args>
+  absl::Status RunTyped(const Args& args);
 
   core::DeviceDescription device_;
   mutable absl::Mutex mu_;

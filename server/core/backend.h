@@ -5,8 +5,10 @@
 #ifndef TOKENSEL_SERVER_CORE_BACKEND_H_
 #define TOKENSEL_SERVER_CORE_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/ops.h"
 #include "server/core/region.h"
+#include "server/core/request.h"
 
 namespace tokensel::core {
 
@@ -25,10 +28,31 @@ struct DeviceDescription {
   uint64_t total_memory_bytes = 0;
 };
 
+// CUDA IPC events (Execute's wait_event / record_event): what a backend can
+// do with them.
+enum class IpcEventSupport : uint8_t {
+  kNoDevice,        // no CUDA device to wait on or record with (the CPU)
+  kNotImplemented,  // a CUDA device, but waiting and recording are not built yet
+};
+
+// The arguments of any operator (one alternative per OpRequest, by pointer):
+// implementations dispatch with std::visit on overloads by argument type
+// (kernels::cpu::Run, kernels::cuda::Async, ...), so adding an operator does
+// not touch a backend.
+template <typename Variant>
+struct OpArgsOf;
+template <typename... Requests>
+struct OpArgsOf<std::variant<Requests...>> {
+  using type = std::variant<const typename Requests::Op::Args*...>;
+};
+using OpArgs = OpArgsOf<OpRequest>::type;
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual absl::string_view name() const = 0;  // "cpu" | "cuda" (metric label)
+  // Capability: decides how Execute answers a request that carries events.
+  virtual IpcEventSupport ipc_events() const { return IpcEventSupport::kNoDevice; }
   // Whether views into memory of this kind can be passed to Run.
   virtual bool CanAccess(MemoryKind kind) const = 0;
   virtual std::vector<DeviceDescription> devices() const { return {}; }
@@ -49,27 +73,23 @@ class Backend {
   // Errors are the kernels' (INVALID_ARGUMENT) or INTERNAL for device faults;
   // CANCELLED / DEADLINE_EXCEEDED when the calling thread's stop token
   // (kernels/stop.h) fired, in which case outputs may be partly written.
-  virtual absl::Status Run(const kernels::SortTokensArgs& args) = 0;
-  virtual absl::Status Run(const kernels::GatherTokensArgs& args) = 0;
-  virtual absl::Status Run(const kernels::ScatterTokensArgs& args) = 0;
-  virtual absl::Status Run(const kernels::GatherBertMaskArgs& args) = 0;
-  virtual absl::Status Run(const kernels::SliceGptMaskArgs& args) = 0;
-  virtual absl::Status Run(const kernels::SegmentSeqlensArgs& args) = 0;
-  virtual absl::Status Run(const kernels::SampleTokensArgs& args) = 0;
-  virtual absl::Status Run(const kernels::TopKTokensArgs& args) = 0;
+  virtual absl::Status RunOp(OpArgs args) = 0;
 
-  // An upper bound of the memory Run(args) allocates (host scratch on the
+  // An upper bound of the memory RunOp(args) allocates (host scratch on the
   // CPU, the device workspace on CUDA), from the views' metadata alone, so
   // the executor can count it (MemoryBudget) before running. Saturating;
   // safe on args that would fail validation.
-  virtual uint64_t ScratchBytes(const kernels::SortTokensArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::GatherTokensArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::ScatterTokensArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::GatherBertMaskArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::SliceGptMaskArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::SegmentSeqlensArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::SampleTokensArgs& args) const = 0;
-  virtual uint64_t ScratchBytes(const kernels::TopKTokensArgs& args) const = 0;
+  virtual uint64_t OpScratchBytes(OpArgs args) const = 0;
+
+  // The same, typed: Run(args) with any kernels::<Op>Args.
+  template <typename Args>
+  absl::Status Run(const Args& args) {
+    return RunOp(OpArgs(&args));
+  }
+  template <typename Args>
+  uint64_t ScratchBytes(const Args& args) const {
+    return OpScratchBytes(OpArgs(&args));
+  }
 };
 
 }  // namespace tokensel::core

@@ -74,8 +74,8 @@ absl::StatusOr<BufferInfo> BufferRegistry::Register(const std::string& session,
     if (buffers_.size() >= limits_.max_buffers) {
       return absl::ResourceExhaustedError(
           absl::StrCat("name: the server holds ", buffers_.size(),
-                       " buffers of all sessions, its limit (max_buffers) is ",
-                       limits_.max_buffers, "; retry after others unregister"));
+                       " buffers of all sessions, its limit (max_buffers) is ", limits_.max_buffers,
+                       "; retry after others unregister"));
     }
     return absl::OkStatus();
   };

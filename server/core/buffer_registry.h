@@ -91,8 +91,7 @@ class BufferRegistry {
 
   // Unregisters (session, name) if registered and, with `only` non-null, if
   // it is that buffer; returns whether it did.
-  bool UnregisterMatching(const std::string& session, const std::string& name,
-                          const Buffer* only);
+  bool UnregisterMatching(const std::string& session, const std::string& name, const Buffer* only);
   // The mapper for `spec`, or null.
   RegionMapper* MapperFor(const RegionSpec& spec) const;
 

@@ -61,8 +61,8 @@ struct ExecutorLimits {
 };
 
 struct RunOptions {
-  const kernels::StopToken* stop = nullptr;      // null: never stops
-  MemoryBudget::Reservation* memory = nullptr;   // null: a reservation of the call's own
+  const kernels::StopToken* stop = nullptr;     // null: never stops
+  MemoryBudget::Reservation* memory = nullptr;  // null: a reservation of the call's own
 };
 
 class Executor {

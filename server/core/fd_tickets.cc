@@ -40,10 +40,12 @@ absl::StatusOr<FdReceipt> FdTickets::Receive(const Peer& peer, const std::string
     tokensel::MutexLock lock(&mu_);
     uint32_t& mine = per_session_[session_id];
     if (mine >= limits_.max_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session: ", mine, " descriptors are waiting for RegisterBuffer already, the limit per "
-          "session is ", limits_.max_per_session, " (tickets expire after ",
-          absl::FormatDuration(limits_.ttl), ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session: ", mine,
+                       " descriptors are waiting for RegisterBuffer already, the limit per "
+                       "session is ",
+                       limits_.max_per_session, " (tickets expire after ",
+                       absl::FormatDuration(limits_.ttl), ")"));
     }
     if (tickets_.size() >= limits_.max_total) {
       if (mine == 0) per_session_.erase(session_id);
@@ -52,8 +54,8 @@ absl::StatusOr<FdReceipt> FdTickets::Receive(const Peer& peer, const std::string
           limits_.max_total, "; retry later"));
     }
     ++mine;
-    tickets_.emplace(receipt.ticket, Entry{session_id, kind, std::move(held),
-                                           clock_() + limits_.ttl});
+    tickets_.emplace(receipt.ticket,
+                     Entry{session_id, kind, std::move(held), clock_() + limits_.ttl});
   }
   return receipt;
 }
@@ -62,8 +64,7 @@ absl::StatusOr<FdTickets::Redeemed> FdTickets::Redeem(const std::string& session
                                                       const std::string& ticket) {
   tokensel::MutexLock lock(&mu_);
   auto it = tickets_.find(ticket);
-  if (it == tickets_.end() || it->second.session != session_id ||
-      it->second.expires <= clock_()) {
+  if (it == tickets_.end() || it->second.session != session_id || it->second.expires <= clock_()) {
     return absl::NotFoundError(
         "fd.ticket: no such ticket in this session (tickets are single-use and expire after " +
         absl::FormatDuration(limits_.ttl) + "; send the descriptor on the fd channel again)");

@@ -22,10 +22,10 @@ uint64_t MemoryBudget::used_bytes() const {
 absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view what) {
   // held <= per_request_bytes_ always: no overflow below.
   if (bytes > per_request_bytes_ - held) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": needs ", bytes, " bytes of server memory (", held,
-        " already held by this request), above the per-request limit of ", per_request_bytes_,
-        " (--max_request_memory_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": needs ", bytes, " bytes of server memory (", held,
+                     " already held by this request), above the per-request limit of ",
+                     per_request_bytes_, " (--max_request_memory_bytes)"));
   }
   tokensel::MutexLock lock(&mu_);
   if (bytes > total_bytes_ - used_) {

@@ -26,8 +26,11 @@ absl::string_view MemoryKindName(MemoryKind kind) {
   return kind == MemoryKind::kHost ? "host" : "CUDA device";
 }
 
-// Checks everything about a spec's metadata that needs no data, and builds
-// the view (data = null) with explicit or default row-major strides.
+// Turns a spec's metadata into a view (data = null) with explicit or default
+// row-major strides and checks it with kernels::CheckView, the one view
+// validation (dims, strides, element count and byte extent within int64).
+// What only a spec can get wrong (no dtype, a rank the view cannot hold, a
+// stride count that does not match the shape) is checked here first.
 absl::StatusOr<TensorView> MetadataView(const TensorSpec& spec, absl::string_view field) {
   if (!spec.dtype.has_value())
     return absl::InvalidArgumentError(absl::StrCat(field, ": dtype is required"));
@@ -48,47 +51,27 @@ absl::StatusOr<TensorView> MetadataView(const TensorSpec& spec, absl::string_vie
   TensorView v;
   v.dtype = *spec.dtype;
   v.rank = static_cast<int>(rank);
-  bool empty = false;
+  bool negative = false;
   for (size_t d = 0; d < rank; ++d) {
-    if (spec.shape[d] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": dim ", d, " is ", spec.shape[d], " (negative)"));
-    }
-    empty |= spec.shape[d] == 0;
     v.shape[d] = spec.shape[d];
+    negative |= spec.shape[d] < 0;
   }
   if (!spec.strides.empty()) {
-    for (size_t d = 0; d < rank; ++d) {
-      if (spec.strides[d] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ": stride ", d, " is ",
-                                                       spec.strides[d],
-                                                       " (negative strides are not supported)"));
-      }
-      v.strides[d] = spec.strides[d];
-    }
-  } else {
+    for (size_t d = 0; d < rank; ++d) v.strides[d] = spec.strides[d];
+  } else if (!negative) {  // a negative dim is CheckView's to report, not a stride's
+    // On overflow the remaining strides stay 0: such a shape is either empty
+    // (nothing is addressed) or has more than 2^63 elements (CheckView says so).
     int64_t stride = 1;
     for (int d = v.rank - 1; d >= 0; --d) {
       v.strides[d] = stride;
-      if (__builtin_mul_overflow(stride, v.shape[d], &stride)) {
-        if (!empty) {
-          return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(spec.shape),
-                                                         " has more than 2^63 elements"));
-        }
-        stride = 0;  // empty: no element is ever addressed
-      }
+      if (__builtin_mul_overflow(stride, v.shape[d], &stride)) break;
     }
   }
-  // The element count and the byte extent must fit in int64 (the pointer is
-  // formed later, so kernels::CheckView cannot run yet).
-  int64_t count = 1;
-  for (int d = 0; d < v.rank; ++d) {
-    if (__builtin_mul_overflow(count, v.shape[d], &count)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": shape ", ShapeString(spec.shape), " has more than 2^63 elements"));
-    }
-  }
-  RETURN_IF_ERROR(kernels::ComputeExtent(v, field).status());
+  // CheckView insists on data for a non-empty view; the pointer is formed
+  // later, so it checks a placeholder that is never dereferenced.
+  v.data = &measure_sentinel;
+  RETURN_IF_ERROR(kernels::CheckView(v, field));
+  v.data = nullptr;
   return v;
 }
 
@@ -111,8 +94,7 @@ absl::StatusOr<uint64_t> RowMajorBytes(DType dtype, const std::vector<int64_t>& 
 }  // namespace
 
 Resolver::Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-                   uint64_t max_inline_bytes, MemoryBudget::Reservation* memory,
-                   bool measure_only)
+                   uint64_t max_inline_bytes, MemoryBudget::Reservation* memory, bool measure_only)
     : backend_(backend),
       registry_(registry),
       session_(session),
@@ -223,7 +205,8 @@ absl::Status Resolver::CheckLostBuffers(BufferRegistry* registry) const {
     registry->UnregisterIfCurrent(session_, name, lease);
     if (first.ok()) {
       first = absl::FailedPreconditionError(absl::StrCat(
-          "buffer '", name, "': its memory was lost while the op ran (the owner truncated the "
+          "buffer '", name,
+          "': its memory was lost while the op ran (the owner truncated the "
           "object below the registered size); the op's results are undefined and the buffer "
           "has been unregistered"));
     }

@@ -45,7 +45,7 @@
 #include "server/core/buffer_registry.h"
 #include "server/core/memory_budget.h"
 #include "server/core/output_shapes.h"
-#include "server/core/request.h"
+#include "server/core/tensor_spec.h"
 
 namespace tokensel::core {
 
@@ -55,8 +55,7 @@ class Resolver {
 
   // `memory` may be null (nothing is counted).
   Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-           uint64_t max_inline_bytes, MemoryBudget::Reservation* memory,
-           bool measure_only = false);
+           uint64_t max_inline_bytes, MemoryBudget::Reservation* memory, bool measure_only = false);
   ~Resolver();
   Resolver(const Resolver&) = delete;
   Resolver& operator=(const Resolver&) = delete;

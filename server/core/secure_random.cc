@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/errno_string.h"
 #include "common/log.h"
 
 namespace tokensel::core {
@@ -18,7 +19,7 @@ std::string SecureRandomHex128() {
     const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      TS_LOG(ERROR) << "getrandom: " << std::strerror(errno);
+      TS_LOG(ERROR) << "getrandom: " << ErrnoString(errno);
       std::abort();
     }
     got += static_cast<size_t>(n);

@@ -7,17 +7,9 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/core/request.h"
 
 namespace tokensel::core {
-namespace {
-
-// The `op` label values, pre-created so every series exists from start-up.
-constexpr absl::string_view kOpNames[] = {
-    "SortTokens",   "GatherTokens",   "ScatterTokens", "GatherBertMask",
-    "SliceGptMask", "SegmentSeqlens", "SampleTokens",  "TopKTokens",
-};
-
-}  // namespace
 
 const std::vector<double>& ServiceMetrics::LatencyBuckets() {
   static const std::vector<double> buckets = {
@@ -78,7 +70,8 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
       .Set(1);
 
   tokensel::MutexLock lock(&mu_);
-  for (absl::string_view op : kOpNames) {
+  // The `op` label values, pre-created so every series exists from start-up.
+  for (absl::string_view op : AllOpNames()) {
     const std::string name(op);
     op_hist_.emplace(name,
                      &op_duration_->Add({{"op", name}, {"backend", backend_}}, LatencyBuckets()));

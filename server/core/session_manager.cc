@@ -62,13 +62,14 @@ absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
       EraseExpiredLocked(now, &expired);
     }
     if (owned() >= limits_.max_sessions_per_peer) {
-      status = absl::ResourceExhaustedError(absl::StrCat(
-          "session: ", owner, " already has ", owned(),
-          " open sessions, the limit per peer (max_sessions_per_peer) is ",
-          limits_.max_sessions_per_peer, "; close some or let their leases expire"));
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("session: ", owner, " already has ", owned(),
+                       " open sessions, the limit per peer (max_sessions_per_peer) is ",
+                       limits_.max_sessions_per_peer, "; close some or let their leases expire"));
     } else if (sessions_.size() >= limits_.max_sessions) {
-      status = absl::ResourceExhaustedError(absl::StrCat(
-          "session: ", sessions_.size(), " sessions are open, the limit is ", limits_.max_sessions));
+      status = absl::ResourceExhaustedError(absl::StrCat("session: ", sessions_.size(),
+                                                         " sessions are open, the limit is ",
+                                                         limits_.max_sessions));
     } else {
       std::string id = SecureRandomHex128();
       while (sessions_.count(id) != 0) id = SecureRandomHex128();  // 2^-128; for form's sake
@@ -97,8 +98,8 @@ absl::StatusOr<absl::Duration> SessionManager::Touch(const std::string& session_
     if (it->second.owner != caller.Principal()) {
       // Logged with both principals; the caller learns only that it is not
       // the owner.
-      TS_LOG(WARNING) << "session of " << it->second.owner << " presented by "
-                      << caller.Principal() << ": refused";
+      TS_LOG(WARNING) << "session of " << it->second.owner << " presented by " << caller.Principal()
+                      << ": refused";
       return absl::PermissionDeniedError(
           "session: belongs to another peer (a session is usable only by the uid or address "
           "that opened it)");

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 #include "server/grpc/fd_channel_protocol.h"
 
@@ -86,19 +87,19 @@ absl::Status AcceptLoop::Start(ConnectionSink* sink, core::FdReceiver* receiver)
   wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   spare_ = OpenSpare();
   if (!epoll_.valid() || !wake_.valid() || !spare_.valid()) {
-    return absl::InternalError(absl::StrCat("accept loop: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("accept loop: ", ErrnoString(errno)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = Data(kWakeTag, 0);
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) {
-    return absl::InternalError(absl::StrCat("accept loop: epoll_ctl: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("accept loop: epoll_ctl: ", ErrnoString(errno)));
   }
   for (size_t i = 0; i < listeners_.size(); ++i) {
     ev.events = EPOLLIN;
     ev.data.u64 = Data(kListenerTag, static_cast<uint32_t>(i));
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listeners_[i].fd.get(), &ev) != 0) {
-      return absl::InternalError(absl::StrCat("accept loop: epoll_ctl: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("accept loop: epoll_ctl: ", ErrnoString(errno)));
     }
   }
   thread_ = std::thread([this] { Run(); });
@@ -130,7 +131,7 @@ void AcceptLoop::Run() {
         absl::ToInt64Milliseconds(absl::Ceil(next - now, absl::Milliseconds(1))), 0, 1000);
     const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, static_cast<int>(timeout_ms));
     if (n < 0 && errno != EINTR) {
-      TS_LOG(ERROR) << "accept loop: epoll_wait: " << std::strerror(errno);
+      TS_LOG(ERROR) << "accept loop: epoll_wait: " << ErrnoString(errno);
       absl::SleepFor(absl::Milliseconds(10));
     }
     for (int i = 0; i < n; ++i) {
@@ -165,7 +166,7 @@ void AcceptLoop::AcceptOn(Listener& listener) {
       const absl::Time now = absl::Now();
       if (now >= accept_error_log_.next) {
         TS_LOG(WARNING) << "accept on a " << TransportName(listener.transport)
-                        << " listener: " << std::strerror(err) << "; backing off";
+                        << " listener: " << ErrnoString(err) << "; backing off";
         accept_error_log_.next = now + kLogInterval;
       }
       PauseListeners(now + options_.fd_limit_backoff);
@@ -213,7 +214,7 @@ void AcceptLoop::RecoverFromFdLimit(Listener& listener, int err) {
   }
   spare_ = OpenSpare();
   Refuse(RefuseReason::kFdLimit, peer, listener.transport);
-  TS_LOG(DEBUG) << "accept: " << std::strerror(err) << "; spare descriptor "
+  TS_LOG(DEBUG) << "accept: " << ErrnoString(err) << "; spare descriptor "
                 << (spare_.valid() ? "restored" : "not restored yet");
   PauseListeners(absl::Now() + options_.fd_limit_backoff);
 }

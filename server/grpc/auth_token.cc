@@ -1,52 +1,18 @@
 #include "server/grpc/auth_token.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/bearer_token.h"
 
 namespace tokensel::server {
 namespace {
 
 constexpr absl::string_view kScheme = "bearer ";
 
-bool IsTokenChar(char c) { return c > ' ' && c < 0x7f; }
-
 }  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("auth_token_file ", path, ": cannot read: ", std::strerror(errno)));
-  }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat("auth_token_file ", path, ": read error"));
-  }
-  std::string token = std::string(absl::StripAsciiWhitespace(contents.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("auth_token_file ", path, ": is empty"));
-  }
-  if (token.size() < kMinTokenLength) {
-    return absl::InvalidArgumentError(absl::StrCat("auth_token_file ", path, ": token has ",
-                                                   token.size(), " characters, need at least ",
-                                                   kMinTokenLength));
-  }
-  for (size_t i = 0; i < token.size(); ++i) {
-    if (!IsTokenChar(token[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "auth_token_file ", path, ": character ", i,
-          " of the token is not printable ASCII (spaces and control characters cannot be "
-          "sent after 'Bearer ')"));
-    }
-  }
-  return token;
+  return ReadBearerTokenFile(absl::StrCat("auth_token_file ", path), path, kMinTokenLength);
 }
 
 bool ConstantTimeEquals(absl::string_view secret, absl::string_view candidate) {
@@ -79,7 +45,7 @@ absl::Status CheckAuthorization(const std::vector<absl::string_view>& values,
   }
   value.remove_prefix(kScheme.size());
   for (char c : value) {
-    if (!IsTokenChar(c)) {
+    if (!IsBearerTokenChar(c)) {
       return absl::UnauthenticatedError(
           "malformed authorization metadata: the bearer token contains spaces or control "
           "characters");

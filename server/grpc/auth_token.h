@@ -19,12 +19,12 @@ namespace tokensel::server {
 // Shortest token ReadTokenFile accepts: a guessable token is no protection.
 inline constexpr size_t kMinTokenLength = 16;
 
-// The token in `path`: the whole file with surrounding whitespace (the
-// trailing newline editors and `kubectl create secret --from-file` add)
-// trimmed. INVALID_ARGUMENT if the file cannot be read (names the path and
-// errno), is empty, shorter than kMinTokenLength, or holds characters that
-// cannot travel in a header value after "Bearer " (anything but printable
-// ASCII without spaces). Messages never contain the token.
+// The token in `path`: tokensel::ReadBearerTokenFile (common/bearer_token.h,
+// shared with the CLI) with messages starting "auth_token_file <path>", plus
+// kMinTokenLength. INVALID_ARGUMENT if the file cannot be read (names the
+// path and errno), is empty, shorter than kMinTokenLength, or holds
+// characters that cannot travel in a header value after "Bearer " (anything
+// but printable ASCII without spaces). Messages never contain the token.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // Compares in time that depends only on the length of `candidate`, never on

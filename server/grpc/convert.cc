@@ -221,7 +221,9 @@ absl::StatusOr<core::RegionSpec> RegionFromProto(const v1::RegisterBufferRequest
       // caller's: refused whatever the object's owner and mode.
       return absl::PermissionDeniedError(absl::StrCat(
           "host_shm: registration by name is refused (the server cannot check that the caller "
-          "may open \"", req.host_shm().shm_name(), "\"); pass the object's file descriptor on "
+          "may open \"",
+          req.host_shm().shm_name(),
+          "\"); pass the object's file descriptor on "
           "the fd channel and register it as `fd` (the tokensel clients do this for you)"));
     case v1::RegisterBufferRequest::kCudaIpc: {
       core::CudaIpcSpec spec;
@@ -259,7 +261,7 @@ void BufferInfoToProto(const core::BufferInfo& info, v1::BufferInfo* out) {
   out->set_sealed(info.sealed);
 }
 
-void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out) {
+void ServerInfoToProto(const core::ServerDescription& desc, v1::ServerInfo* out) {
   out->set_version(desc.version);
   out->set_backend(desc.backend);
   for (const core::DeviceDescription& device : desc.devices) {

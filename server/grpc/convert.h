@@ -22,6 +22,7 @@
 #include "server/core/buffer_registry.h"
 #include "server/core/region.h"
 #include "server/core/request.h"
+#include "server/core/server_description.h"
 #include "tokensel/v1/tokensel.pb.h"
 
 namespace tokensel::server {
@@ -32,8 +33,7 @@ v1::DType DTypeToProto(kernels::DType dtype);
 
 // dtype/shape/strides copied; oneof data: buffer -> kBuffer, inline_data ->
 // kInline (a view into `tensor`), unset -> kNone.
-absl::StatusOr<core::TensorSpec> TensorFromProto(const v1::Tensor& tensor,
-                                                 absl::string_view field);
+absl::StatusOr<core::TensorSpec> TensorFromProto(const v1::Tensor& tensor, absl::string_view field);
 
 absl::StatusOr<core::SortTokensRequest> OpFromProto(const v1::SortTokensRequest& req,
                                                     absl::string_view prefix = "");
@@ -71,26 +71,8 @@ void OpResultToProto(core::OpResult&& result, v1::OpResponse* out);
 
 void BufferInfoToProto(const core::BufferInfo& info, v1::BufferInfo* out);
 
-// What GetServerInfo reports; assembled by the Server.
-struct ServerDescription {
-  std::string version;
-  std::string backend;
-  std::vector<core::DeviceDescription> devices;
-  uint64_t max_message_bytes = 0;
-  uint32_t max_buffers_per_session = 0;
-  uint32_t max_inflight = 0;
-  uint64_t session_ttl_ms = 0;
-  uint32_t max_rank = 0;
-  uint32_t max_sessions_per_peer = 0;
-  uint32_t max_buffers_total = 0;
-  uint64_t max_op_elements = 0;
-  uint64_t max_request_memory_bytes = 0;
-  uint64_t memory_budget_bytes = 0;
-  std::string shm_prefix;
-  std::vector<std::string> memory_kinds;
-  bool fd_channel = false;  // every unix listener has an fd channel
-};
-void ServerInfoToProto(const ServerDescription& desc, v1::ServerInfo* out);
+// What GetServerInfo reports (core/server_description.h).
+void ServerInfoToProto(const core::ServerDescription& desc, v1::ServerInfo* out);
 
 }  // namespace tokensel::server
 

@@ -64,9 +64,8 @@ absl::Status Handlers::RunOp(const std::string& session, const core::OpRequest& 
   return absl::OkStatus();
 }
 
-absl::Status Handlers::RunOp(const std::string& session, const v1::Op& op,
-                             v1::OpResponse* response, const core::RunOptions& options,
-                             absl::string_view prefix) const {
+absl::Status Handlers::RunOp(const std::string& session, const v1::Op& op, v1::OpResponse* response,
+                             const core::RunOptions& options, absl::string_view prefix) const {
   ASSIGN_OR_RETURN(core::OpRequest request, OpFromProto(op, prefix));
   return RunOp(session, request, response, options);
 }
@@ -76,7 +75,7 @@ absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequ
                                const core::RunOptions& options) const {
   if (!request.wait_event().empty() || !request.record_event().empty()) {
     const absl::string_view field = request.wait_event().empty() ? "record_event" : "wait_event";
-    if (deps_.executor->backend().name() != "cuda") {
+    if (deps_.executor->backend().ipc_events() == core::IpcEventSupport::kNoDevice) {
       return absl::FailedPreconditionError(
           absl::StrCat(field, ": CUDA IPC events need the cuda backend (this server runs ",
                        deps_.executor->backend().name(), ")"));
@@ -112,8 +111,7 @@ absl::Status Handlers::Register(const std::string& session,
   } else {
     ASSIGN_OR_RETURN(spec, RegionFromProto(request));
   }
-  ASSIGN_OR_RETURN(core::BufferInfo info,
-                   deps_.registry->Register(session, request.name(), spec));
+  ASSIGN_OR_RETURN(core::BufferInfo info, deps_.registry->Register(session, request.name(), spec));
   BufferInfoToProto(info, response->mutable_buffer());
   return absl::OkStatus();
 }

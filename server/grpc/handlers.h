@@ -51,7 +51,7 @@ struct ServiceDeps {
   // Peers of the connections (PeerOf(connections, ctx)); null in tests
   // without an accept loop.
   const ConnectionTable* connections = nullptr;
-  ServerDescription description;
+  core::ServerDescription description;
 };
 
 // A call's stop token: the call was cancelled (CANCELLED) or its deadline

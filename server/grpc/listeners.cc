@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 
 namespace tokensel::server {
@@ -78,7 +79,7 @@ absl::StatusOr<gid_t> ResolveGroup(absl::string_view group) {
   }
   if (rc != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unix_socket_group: looking up group '", name, "': ", std::strerror(rc)));
+        absl::StrCat("unix_socket_group: looking up group '", name, "': ", ErrnoString(rc)));
   }
   if (found == nullptr) {
     return absl::InvalidArgumentError(
@@ -134,7 +135,7 @@ absl::StatusOr<TcpListener> ListenTcp(const ListenAddress& address) {
     }
     UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
-      absl::StrAppend(&skipped, " socket(): ", std::strerror(errno), ";");
+      absl::StrAppend(&skipped, " socket(): ", ErrnoString(errno), ";");
       continue;
     }
     const int one = 1;
@@ -146,22 +147,22 @@ absl::StatusOr<TcpListener> ListenTcp(const ListenAddress& address) {
     if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&ss), lens[i]) != 0) {
       const int err = errno;
       if (err == EADDRNOTAVAIL || err == EAFNOSUPPORT) {
-        absl::StrAppend(&skipped, " bind: ", std::strerror(err), ";");
+        absl::StrAppend(&skipped, " bind: ", ErrnoString(err), ";");
         continue;
       }
       return absl::FailedPreconditionError(
-          absl::StrCat("listen ", address.address, ": bind: ", std::strerror(err)));
+          absl::StrCat("listen ", address.address, ": bind: ", ErrnoString(err)));
     }
     if (::listen(fd.get(), SOMAXCONN) != 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("listen ", address.address, ": listen(): ", std::strerror(errno)));
+          absl::StrCat("listen ", address.address, ": listen(): ", ErrnoString(errno)));
     }
     if (out.port == 0) {
       sockaddr_storage bound{};
       socklen_t len = sizeof(bound);
       if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
         return absl::FailedPreconditionError(
-            absl::StrCat("listen ", address.address, ": getsockname: ", std::strerror(errno)));
+            absl::StrCat("listen ", address.address, ": getsockname: ", ErrnoString(errno)));
       }
       out.port = ntohs(bound.ss_family == AF_INET
                            ? reinterpret_cast<const sockaddr_in*>(&bound)->sin_port
@@ -181,7 +182,7 @@ FdLimit RaiseFdLimit() {
   FdLimit out;
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    TS_LOG(WARNING) << "getrlimit(RLIMIT_NOFILE): " << std::strerror(errno);
+    TS_LOG(WARNING) << "getrlimit(RLIMIT_NOFILE): " << ErrnoString(errno);
     return out;
   }
   out.soft_before = out.soft = limit.rlim_cur;
@@ -198,7 +199,7 @@ FdLimit RaiseFdLimit() {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
       out.soft = target;
     } else {
-      TS_LOG(WARNING) << "setrlimit(RLIMIT_NOFILE, " << target << "): " << std::strerror(errno);
+      TS_LOG(WARNING) << "setrlimit(RLIMIT_NOFILE, " << target << "): " << ErrnoString(errno);
     }
   }
   TS_LOG(INFO) << "RLIMIT_NOFILE: soft " << out.soft_before << " -> " << out.soft << ", hard "

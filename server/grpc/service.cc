@@ -48,8 +48,8 @@ grpc::ServerUnaryReactor* TokenSelectService::SessionCall(grpc::CallbackServerCo
   if (!ticket.ok()) return Finish(reactor, timer, ticket.status());
   // The stop token and the memory reservation live until the reply is
   // finished: the results the work leaves in `response` stay counted.
-  auto run = [ctx, budget = deps.executor->budget(), work = std::move(work)](
-                 const std::string& id) mutable {
+  auto run = [ctx, budget = deps.executor->budget(),
+              work = std::move(work)](const std::string& id) mutable {
     CallStopToken stop(ctx);
     core::MemoryBudget::Reservation memory =
         budget != nullptr ? budget->Open() : core::MemoryBudget::Reservation();
@@ -84,7 +84,7 @@ grpc::ServerUnaryReactor* TokenSelectService::OpCall(grpc::CallbackServerContext
                           : RunOn::kWorker;
   return SessionCall(ctx, method, where,
                      [this, op = std::move(op), response](const std::string& session,
-                                                         const core::RunOptions& options) {
+                                                          const core::RunOptions& options) {
                        RETURN_IF_ERROR(op.status());
                        return handlers_.RunOp(session, *op, response, options);
                      });
@@ -145,11 +145,11 @@ grpc::ServerUnaryReactor* TokenSelectService::RegisterBuffer(
     grpc::CallbackServerContext* ctx, const v1::RegisterBufferRequest* request,
     v1::RegisterBufferResponse* response) {
   // Mapping may take a while (cudaIpcOpenMemHandle): a worker does it.
-  return SessionCall(ctx, "RegisterBuffer", RunOn::kWorker,
-                     [this, request, response](const std::string& session,
-                                               const core::RunOptions&) {
-                       return handlers_.Register(session, *request, response);
-                     });
+  return SessionCall(
+      ctx, "RegisterBuffer", RunOn::kWorker,
+      [this, request, response](const std::string& session, const core::RunOptions&) {
+        return handlers_.Register(session, *request, response);
+      });
 }
 
 grpc::ServerUnaryReactor* TokenSelectService::UnregisterBuffer(
@@ -164,14 +164,14 @@ grpc::ServerUnaryReactor* TokenSelectService::UnregisterBuffer(
 grpc::ServerUnaryReactor* TokenSelectService::ListBuffers(grpc::CallbackServerContext* ctx,
                                                           const v1::ListBuffersRequest*,
                                                           v1::ListBuffersResponse* response) {
-  return SessionCall(ctx, "ListBuffers", RunOn::kCallbackThread,
-                     [this, response](const std::string& session, const core::RunOptions&) {
-                       for (const core::BufferInfo& info :
-                            handlers_.deps().registry->List(session)) {
-                         BufferInfoToProto(info, response->add_buffers());
-                       }
-                       return absl::OkStatus();
-                     });
+  return SessionCall(
+      ctx, "ListBuffers", RunOn::kCallbackThread,
+      [this, response](const std::string& session, const core::RunOptions&) {
+        for (const core::BufferInfo& info : handlers_.deps().registry->List(session)) {
+          BufferInfoToProto(info, response->add_buffers());
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* TokenSelectService::SortTokens(grpc::CallbackServerContext* ctx,
@@ -186,9 +186,9 @@ grpc::ServerUnaryReactor* TokenSelectService::GatherTokens(grpc::CallbackServerC
   return OpCall(ctx, "GatherTokens", request, response);
 }
 
-grpc::ServerUnaryReactor* TokenSelectService::ScatterTokens(
-    grpc::CallbackServerContext* ctx, const v1::ScatterTokensRequest* request,
-    v1::OpResponse* response) {
+grpc::ServerUnaryReactor* TokenSelectService::ScatterTokens(grpc::CallbackServerContext* ctx,
+                                                            const v1::ScatterTokensRequest* request,
+                                                            v1::OpResponse* response) {
   return OpCall(ctx, "ScatterTokens", request, response);
 }
 
@@ -225,11 +225,11 @@ grpc::ServerUnaryReactor* TokenSelectService::TopKTokens(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* TokenSelectService::Execute(grpc::CallbackServerContext* ctx,
                                                       const v1::ExecuteRequest* request,
                                                       v1::ExecuteResponse* response) {
-  return SessionCall(ctx, "Execute", RunOn::kWorker,
-                     [this, request, response](const std::string& session,
-                                               const core::RunOptions& options) {
-                       return handlers_.Execute(session, *request, response, options);
-                     });
+  return SessionCall(
+      ctx, "Execute", RunOn::kWorker,
+      [this, request, response](const std::string& session, const core::RunOptions& options) {
+        return handlers_.Execute(session, *request, response, options);
+      });
 }
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* TokenSelectService::Stream(

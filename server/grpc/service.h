@@ -84,8 +84,8 @@ class TokenSelectService final : public v1::TokenSelect::CallbackService {
   enum class RunOn { kCallbackThread, kWorker };
   // Session -> admit -> `work(session_id)` on `where` -> Finish.
   template <typename Work>
-  grpc::ServerUnaryReactor* SessionCall(grpc::CallbackServerContext* ctx,
-                                        absl::string_view method, RunOn where, Work work);
+  grpc::ServerUnaryReactor* SessionCall(grpc::CallbackServerContext* ctx, absl::string_view method,
+                                        RunOn where, Work work);
   // An op RPC: converts `request` and runs it on a worker.
   template <typename Request>
   grpc::ServerUnaryReactor* OpCall(grpc::CallbackServerContext* ctx, absl::string_view method,

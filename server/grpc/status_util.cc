@@ -10,45 +10,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-absl::string_view StatusCodeName(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return "OK";
-    case absl::StatusCode::kCancelled:
-      return "CANCELLED";
-    case absl::StatusCode::kUnknown:
-      return "UNKNOWN";
-    case absl::StatusCode::kInvalidArgument:
-      return "INVALID_ARGUMENT";
-    case absl::StatusCode::kDeadlineExceeded:
-      return "DEADLINE_EXCEEDED";
-    case absl::StatusCode::kNotFound:
-      return "NOT_FOUND";
-    case absl::StatusCode::kAlreadyExists:
-      return "ALREADY_EXISTS";
-    case absl::StatusCode::kPermissionDenied:
-      return "PERMISSION_DENIED";
-    case absl::StatusCode::kResourceExhausted:
-      return "RESOURCE_EXHAUSTED";
-    case absl::StatusCode::kFailedPrecondition:
-      return "FAILED_PRECONDITION";
-    case absl::StatusCode::kAborted:
-      return "ABORTED";
-    case absl::StatusCode::kOutOfRange:
-      return "OUT_OF_RANGE";
-    case absl::StatusCode::kUnimplemented:
-      return "UNIMPLEMENTED";
-    case absl::StatusCode::kInternal:
-      return "INTERNAL";
-    case absl::StatusCode::kUnavailable:
-      return "UNAVAILABLE";
-    case absl::StatusCode::kDataLoss:
-      return "DATA_LOSS";
-    case absl::StatusCode::kUnauthenticated:
-      return "UNAUTHENTICATED";
-    default:
-      return "UNKNOWN";
-  }
+std::string StatusCodeName(absl::StatusCode code) {
+  std::string name = absl::StatusCodeToString(code);  // "" outside the canonical codes
+  if (name.empty()) name = "UNKNOWN";
+  return name;
 }
 
 }  // namespace tokensel::server

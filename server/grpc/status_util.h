@@ -6,8 +6,9 @@
 #ifndef TOKENSEL_SERVER_GRPC_STATUS_UTIL_H_
 #define TOKENSEL_SERVER_GRPC_STATUS_UTIL_H_
 
+#include <string>
+
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 
 namespace tokensel::server {
@@ -16,8 +17,9 @@ namespace tokensel::server {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // The canonical upper-case name of a code ("OK", "INVALID_ARGUMENT", ...),
-// the `code` label of the RPC metrics. Codes outside 0..16 give "UNKNOWN".
-absl::string_view StatusCodeName(absl::StatusCode code);
+// the `code` label of the RPC metrics: absl::StatusCodeToString, except that
+// codes outside 0..16 give "UNKNOWN" (a bounded label set).
+std::string StatusCodeName(absl::StatusCode code);
 
 }  // namespace tokensel::server
 

@@ -143,8 +143,7 @@ StreamReactor::Outgoing StreamReactor::Answer(Pending pending) const {
   return out;  // `pending` (and its admission ticket) ends here
 }
 
-absl::Status StreamReactor::Dispatch(const v1::StreamRequest& request,
-                                     v1::StreamResponse* response,
+absl::Status StreamReactor::Dispatch(const v1::StreamRequest& request, v1::StreamResponse* response,
                                      const core::RunOptions& options) const {
   RETURN_IF_ERROR(handlers_->deps().sessions->Touch(session_, peer_).status());
   switch (request.request_case()) {

@@ -48,8 +48,7 @@
 
 namespace tokensel::server {
 
-class StreamReactor final
-    : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
+class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
  public:
   // Requests + responses a stream holds before it stops reading.
   static constexpr size_t kMaxQueued = 8;
@@ -108,7 +107,7 @@ class StreamReactor final
 
   absl::Mutex mu_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
-  bool processing_ ABSL_GUARDED_BY(mu_) = false;  // a worker task owns pending_
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;      // a worker task owns pending_
   std::deque<Outgoing> writes_ ABSL_GUARDED_BY(mu_);  // front = in flight
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;      // of pending_ and writes_
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

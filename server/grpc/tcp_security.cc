@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/auth_metadata_processor.h"
@@ -63,7 +64,7 @@ absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& p
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": cannot read: ", std::strerror(errno)));
+        absl::StrCat(flag, " ", path, ": cannot read: ", ErrnoString(errno)));
   }
   std::ostringstream contents;
   contents << in.rdbuf();

@@ -12,11 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/errno_string.h"
 
 namespace tokensel::server {
 namespace {
 
-std::string Errno() { return std::strerror(errno); }
+std::string Errno() { return ErrnoString(errno); }
 
 std::string Octal(mode_t mode) { return absl::StrFormat("%04o", mode & 07777); }
 
@@ -36,7 +37,7 @@ absl::Status CannotCreateDirectory(const std::string& dir, int err) {
                         "/tokensel.sock (or create ", dir, " owned by this user, mode 0750)");
   }
   return absl::FailedPreconditionError(absl::StrCat("listen: cannot create the socket directory ",
-                                                    dir, ": ", std::strerror(err), hint));
+                                                    dir, ": ", ErrnoString(err), hint));
 }
 
 sockaddr_un Address(const std::string& path) {
@@ -151,7 +152,7 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, const UnixListenOpt
   ::umask(old_umask);
   if (bound != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("listen: bind ", path, ": ", std::strerror(bind_errno),
+        absl::StrCat("listen: bind ", path, ": ", ErrnoString(bind_errno),
                      bind_errno == EADDRINUSE ? " (created by someone else meanwhile)" : ""));
   }
   // From here on the entry is ours: remove it on every error.

@@ -1,6 +1,4 @@
 // CudaIpcMapper, CUDA build. See cuda_ipc_mapper.h for the contract.
-#include "server/memory/cuda_ipc_mapper.h"
-
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -18,6 +16,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/device.h"
+#include "server/memory/cuda_ipc_mapper.h"
 
 namespace tokensel::memory {
 namespace {
@@ -147,7 +146,7 @@ class IpcRegion final : public core::MappedRegion {
 
 // Opens `handle` on `device` and measures what it maps.
 absl::StatusOr<CudaIpcMapper::State::Opened> Open(const std::string& handle, int device,
-                                                   uint64_t device_memory) {
+                                                  uint64_t device_memory) {
   ASSIGN_OR_RETURN(auto scope, ScopedDevice::Enter(device));
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
@@ -165,8 +164,7 @@ absl::StatusOr<CudaIpcMapper::State::Opened> Open(const std::string& handle, int
   if (const auto get_range = AddressRangeFn(); get_range != nullptr) {
     CUdeviceptr range_base = 0;
     size_t range_size = 0;
-    const CUresult res =
-        get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+    const CUresult res = get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
     if (res == CUDA_SUCCESS) {
       opened.extent = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
     } else {
@@ -186,8 +184,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
     const core::RegionSpec& spec) {
   const auto* ipc = std::get_if<core::CudaIpcSpec>(&spec);
   if (ipc == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the cuda_ipc mapper cannot map a ", core::RegionKindName(spec), " region"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cuda_ipc mapper cannot map a ", core::RegionKindName(spec), " region"));
   }
   RETURN_IF_ERROR(ValidateCudaIpcSpec(*ipc));
 
@@ -212,22 +210,21 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
   auto it = state_->opened.find(ipc->handle);
   if (it != state_->opened.end()) {
     if (it->second.device != device->ordinal) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cuda_ipc.handle is already open on device ", it->second.device, ", not on ",
-          device->uuid));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda_ipc.handle is already open on device ", it->second.device, ", not on ",
+                       device->uuid));
     }
   } else {
-    ASSIGN_OR_RETURN(State::Opened opened, Open(ipc->handle, device->ordinal,
-                                                device->total_memory_bytes));
+    ASSIGN_OR_RETURN(State::Opened opened,
+                     Open(ipc->handle, device->ordinal, device->total_memory_bytes));
     it = state_->opened.emplace(ipc->handle, opened).first;
   }
   const uint64_t end = ipc->offset + ipc->size;  // no overflow: ValidateCudaIpcSpec
   if (end > it->second.extent) {
     const uint64_t extent = it->second.extent;
     if (it->second.refs == 0) state_->CloseLocked(it);  // opened just now for this spec
-    return absl::OutOfRangeError(absl::StrCat("cuda_ipc.offset ", ipc->offset,
-                                              " + cuda_ipc.size ", ipc->size, " = ", end,
-                                              " exceeds the ", extent,
+    return absl::OutOfRangeError(absl::StrCat("cuda_ipc.offset ", ipc->offset, " + cuda_ipc.size ",
+                                              ipc->size, " = ", end, " exceeds the ", extent,
                                               " bytes of the allocation behind cuda_ipc.handle"));
   }
   ++it->second.refs;

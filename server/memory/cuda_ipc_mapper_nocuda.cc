@@ -18,8 +18,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
     const core::RegionSpec& spec) {
   const auto* ipc = std::get_if<core::CudaIpcSpec>(&spec);
   if (ipc == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the cuda_ipc mapper cannot map a ", core::RegionKindName(spec), " region"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cuda_ipc mapper cannot map a ", core::RegionKindName(spec), " region"));
   }
   RETURN_IF_ERROR(ValidateCudaIpcSpec(*ipc));
   return absl::FailedPreconditionError(

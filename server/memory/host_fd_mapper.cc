@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/memory/sigbus_guard.h"
@@ -42,7 +43,7 @@ class FdRegion final : public core::MappedRegion {
     // Out of the guard's table before the address range is given back.
     slot_ = SigbusGuard::Slot();
     if (munmap(base_, length_) != 0) {
-      TS_LOG(ERROR) << "munmap(" << base_ << ", " << length_ << "): " << std::strerror(errno);
+      TS_LOG(ERROR) << "munmap(" << base_ << ", " << length_ << "): " << ErrnoString(errno);
     }
   }
   FdRegion(const FdRegion&) = delete;
@@ -82,7 +83,7 @@ absl::StatusOr<Inspected> InspectFd(int fd) {
   if (fd < 0) return absl::InvalidArgumentError("fd: no file descriptor");
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("fd: fstat failed: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat("fd: fstat failed: ", ErrnoString(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -91,7 +92,7 @@ absl::StatusOr<Inspected> InspectFd(int fd) {
   }
   struct statfs fs;
   if (fstatfs(fd, &fs) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("fd: fstatfs failed: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat("fd: fstatfs failed: ", ErrnoString(errno)));
   }
   const bool hugetlb = static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC;
   if (static_cast<uint64_t>(fs.f_type) != TMPFS_MAGIC && !hugetlb) {
@@ -133,8 +134,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
     const core::RegionSpec& spec) {
   const auto* fd_spec = std::get_if<core::FdRegionSpec>(&spec);
   if (fd_spec == nullptr || fd_spec->kind != core::FdKind::kHostMemory) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the host memory mapper cannot map a ", core::RegionKindName(spec), " region"));
+    return absl::InvalidArgumentError(absl::StrCat("the host memory mapper cannot map a ",
+                                                   core::RegionKindName(spec), " region"));
   }
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
@@ -166,10 +167,10 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
     }
     if (err == EACCES || err == EPERM) {
       return absl::PermissionDeniedError(
-          absl::StrCat("fd: the object cannot be mapped read-write: ", std::strerror(err)));
+          absl::StrCat("fd: the object cannot be mapped read-write: ", ErrnoString(err)));
     }
-    return absl::InternalError(absl::StrCat("mmap of ", length, " bytes at offset ",
-                                            aligned_offset, ": ", std::strerror(err)));
+    return absl::InternalError(absl::StrCat("mmap of ", length, " bytes at offset ", aligned_offset,
+                                            ": ", ErrnoString(err)));
   }
   absl::StatusOr<SigbusGuard::Slot> slot = SigbusGuard::Register(base, length);
   if (!slot.ok()) {

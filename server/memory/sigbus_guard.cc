@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_string.h"
 
 namespace tokensel::memory {
 namespace {
@@ -73,6 +74,9 @@ void Handler(int, siginfo_t* info, void*) {
     if (begin == 0 || addr < begin || addr >= end) continue;
     // The owner truncated the object: swap the whole window for zero pages
     // (the retried access then succeeds) and tell the executor.
+    // The window is published as integers (lock-free atomics, read in a signal
+    // handler); it was a mapping's address to begin with.
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
     void* p = mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ | PROT_WRITE,
                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) break;
@@ -91,11 +95,10 @@ void Handler(int, siginfo_t* info, void*) {
 absl::Status SigbusGuard::Install() {
   std::lock_guard<std::mutex> lock(Mu());
   if (g_table.load() != nullptr) return absl::OkStatus();
-  constexpr size_t capacity = kCapacity;
-  auto* table = new Entry[capacity];  // lives as long as the process (the handler reads it)
-  FreeSlots().reserve(capacity);
-  for (size_t i = capacity; i > 0; --i) FreeSlots().push_back(static_cast<int>(i - 1));
-  g_capacity.store(capacity, std::memory_order_release);
+  auto* table = new Entry[kCapacity];  // lives as long as the process (the handler reads it)
+  FreeSlots().reserve(kCapacity);
+  for (size_t i = kCapacity; i > 0; --i) FreeSlots().push_back(static_cast<int>(i - 1));
+  g_capacity.store(kCapacity, std::memory_order_release);
   g_table.store(table, std::memory_order_release);
   struct sigaction action;
   std::memset(&action, 0, sizeof(action));
@@ -103,7 +106,7 @@ absl::Status SigbusGuard::Install() {
   action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
   sigemptyset(&action.sa_mask);
   if (sigaction(SIGBUS, &action, &g_previous) != 0) {
-    return absl::InternalError(absl::StrCat("sigaction(SIGBUS): ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("sigaction(SIGBUS): ", ErrnoString(errno)));
   }
   return absl::OkStatus();
 }

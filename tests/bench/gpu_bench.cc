@@ -25,13 +25,13 @@ namespace kc = kernels::cuda;
 using kernels::DType;
 using kernels::TensorView;
 
-#define BENCH_CHECK(expr)                                                                 \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));             \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define BENCH_CHECK(expr)                                                     \
+  do {                                                                        \
+    const cudaError_t e_ = (expr);                                            \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
   } while (false)
 
 void CheckOk(const absl::Status& st, const std::string& what) {
@@ -126,15 +126,17 @@ void GatherScatterCases(std::vector<Case>* cases) {
                               (bf ? " batch_first" : " seq_first");
       const double moved = 2.0 * kB * kR * kC * es + kB * kR * 4.0;
       kernels::GatherTokensArgs g{a, i, o, bf};
-      cases->push_back({"GatherTokens " + tag, moved,
-                        [g](kc::Workspace w, kc::Stream s) { return kc::GatherTokensAsync(g, w, s); },
-                        [g](kc::Workspace w, kc::Stream s) { return kc::GatherTokensFinish(g, w, s); },
-                        kc::GatherTokensWorkspaceBytes(g)});
+      cases->push_back(
+          {"GatherTokens " + tag, moved,
+           [g](kc::Workspace w, kc::Stream s) { return kc::GatherTokensAsync(g, w, s); },
+           [g](kc::Workspace w, kc::Stream s) { return kc::GatherTokensFinish(g, w, s); },
+           kc::GatherTokensWorkspaceBytes(g)});
       kernels::ScatterTokensArgs sc{a, o, i, bf};
-      cases->push_back({"ScatterTokens " + tag, moved,
-                        [sc](kc::Workspace w, kc::Stream s) { return kc::ScatterTokensAsync(sc, w, s); },
-                        [sc](kc::Workspace w, kc::Stream s) { return kc::ScatterTokensFinish(sc, w, s); },
-                        kc::ScatterTokensWorkspaceBytes(sc)});
+      cases->push_back(
+          {"ScatterTokens " + tag, moved,
+           [sc](kc::Workspace w, kc::Stream s) { return kc::ScatterTokensAsync(sc, w, s); },
+           [sc](kc::Workspace w, kc::Stream s) { return kc::ScatterTokensFinish(sc, w, s); },
+           kc::ScatterTokensWorkspaceBytes(sc)});
     }
   }
 }
@@ -160,9 +162,9 @@ void OtherCases(std::vector<Case>* cases) {
     std::vector<float> scores(kRows * kS);
     std::mt19937 rng(7);
     for (float& x : scores) x = std::uniform_real_distribution<float>(-1, 1)(rng);
-    kernels::TopKTokensArgs a{TensorView::Contiguous(Upload(scores), DType::kFloat32, {12, 16, kS}),
-                              TensorView::Contiguous(Alloc(kRows * kR * 4), DType::kInt32,
-                                                     {12, 16, kR})};
+    kernels::TopKTokensArgs a{
+        TensorView::Contiguous(Upload(scores), DType::kFloat32, {12, 16, kS}),
+        TensorView::Contiguous(Alloc(kRows * kR * 4), DType::kInt32, {12, 16, kR})};
     cases->push_back({"TopKTokens fp32 [12,16,2048] R=1536", kRows * (kS + kR) * 4.0,
                       [a](kc::Workspace w, kc::Stream s) { return kc::TopKTokensAsync(a, w, s); },
                       [a](kc::Workspace w, kc::Stream s) { return kc::TopKTokensFinish(a, w, s); },
@@ -180,10 +182,11 @@ void OtherCases(std::vector<Case>* cases) {
     a.q.seqlen = TensorView::Contiguous(Alloc(kB * kNs * 4), DType::kInt32, {kB, kNs});
     a.q.offset = TensorView::Contiguous(Alloc(kB * (kNs + 1) * 4), DType::kInt32, {kB, kNs + 1});
     const double moved = kB * t * 4.0 + kB * (2 * kNs + 1) * 4.0;
-    cases->push_back({"SegmentSeqlens self B=4 NS=64 T=" + std::to_string(t), moved,
-                      [a](kc::Workspace w, kc::Stream s) { return kc::SegmentSeqlensAsync(a, w, s); },
-                      [a](kc::Workspace w, kc::Stream s) { return kc::SegmentSeqlensFinish(a, w, s); },
-                      kc::SegmentSeqlensWorkspaceBytes(a)});
+    cases->push_back(
+        {"SegmentSeqlens self B=4 NS=64 T=" + std::to_string(t), moved,
+         [a](kc::Workspace w, kc::Stream s) { return kc::SegmentSeqlensAsync(a, w, s); },
+         [a](kc::Workspace w, kc::Stream s) { return kc::SegmentSeqlensFinish(a, w, s); },
+         kc::SegmentSeqlensWorkspaceBytes(a)});
   }
 }
 

@@ -7,10 +7,14 @@ namespace {
 
 double ToNs(double t, benchmark::TimeUnit unit) {
   switch (unit) {
-    case benchmark::kNanosecond: return t;
-    case benchmark::kMicrosecond: return t * 1e3;
-    case benchmark::kMillisecond: return t * 1e6;
-    case benchmark::kSecond: return t * 1e9;
+    case benchmark::kNanosecond:
+      return t;
+    case benchmark::kMicrosecond:
+      return t * 1e3;
+    case benchmark::kMillisecond:
+      return t * 1e6;
+    case benchmark::kSecond:
+      return t * 1e9;
   }
   return t;
 }
@@ -19,8 +23,8 @@ double ToNs(double t, benchmark::TimeUnit unit) {
 // ("/real_time", "/threads:2", "/repeats:5", ...), leaving "<case>/<variant>".
 std::string CaseName(std::string name) {
   static constexpr const char* kSuffixes[] = {"real_time", "manual_time", "process_time"};
-  static constexpr const char* kPrefixes[] = {"threads:", "repeats:", "iterations:", "min_time:",
-                                              "min_warmup_time:"};
+  static constexpr const char* kPrefixes[] = {
+      "threads:", "repeats:", "iterations:", "min_time:", "min_warmup_time:"};
   for (;;) {
     const size_t slash = name.rfind('/');
     if (slash == std::string::npos) return name;

@@ -161,12 +161,12 @@ int Main(int argc, char** argv) {
   inline_gather.set_batch_first(true);
   const std::vector<v1::GatherTokensRequest> inline_gathers(kMaxClients, inline_gather);
 
-  std::printf("tokensel_rpc_bench: %d requests per config (split over its clients), %d warmup "
-              "per client; GatherTokens B=%lld S=%lld R=%lld C=%lld fp32 by buffer reference "
-              "(unix), inline (tcp); %u hardware threads\n",
-              requests, warmup, static_cast<long long>(kB), static_cast<long long>(kS),
-              static_cast<long long>(kR), static_cast<long long>(kC),
-              std::thread::hardware_concurrency());
+  std::printf(
+      "tokensel_rpc_bench: %d requests per config (split over its clients), %d warmup "
+      "per client; GatherTokens B=%lld S=%lld R=%lld C=%lld fp32 by buffer reference "
+      "(unix), inline (tcp); %u hardware threads\n",
+      requests, warmup, static_cast<long long>(kB), static_cast<long long>(kS),
+      static_cast<long long>(kR), static_cast<long long>(kC), std::thread::hardware_concurrency());
   std::printf("%-9s %7s %-7s %10s %10s %7s\n", "transport", "clients", "rpc", "p50 us", "p99 us",
               "errors");
   struct Ratio {
@@ -175,8 +175,8 @@ int Main(int argc, char** argv) {
   };
   std::vector<Ratio> ratios;
   int total_errors = 0;
-  for (const Config& config : {Config{"unix", 1}, Config{"unix", 8}, Config{"tcp", 1},
-                               Config{"tcp", 8}}) {
+  for (const Config& config :
+       {Config{"unix", 1}, Config{"unix", 8}, Config{"tcp", 1}, Config{"tcp", 8}}) {
     const int per_client = std::max(1, requests / config.clients);
     const bool tcp = config.transport == "tcp";
     const std::string& session = tcp ? tcp_setup.session() : setup.session();
@@ -195,7 +195,9 @@ int Main(int argc, char** argv) {
   for (const Ratio& r : ratios) {
     const bool by_reference = r.config.transport == "unix";
     std::printf("%-9s %7d %8.2f %s\n", r.config.transport.c_str(), r.config.clients, r.ratio,
-                !by_reference ? "(inline)" : r.ratio <= 1.3 ? "ok" : "ABOVE TARGET");
+                !by_reference    ? "(inline)"
+                : r.ratio <= 1.3 ? "ok"
+                                 : "ABOVE TARGET");
   }
   (*server)->Signal(SIGTERM).IgnoreError();
   (void)(*server)->WaitForExit(absl::Seconds(15));

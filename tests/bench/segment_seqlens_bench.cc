@@ -75,11 +75,11 @@ struct Outputs {
 void SetCounters(benchmark::State& state, int64_t tokens, int64_t bytes, bool cross) {
   state.SetItemsProcessed(state.iterations() * tokens);
   state.SetBytesProcessed(state.iterations() * bytes);
-  state.counters["ns_per_token"] = benchmark::Counter(
-      static_cast<double>(state.iterations() * tokens) * 1e-9,
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.counters["scratch_bytes_per_row"] = static_cast<double>(
-      kernels::SegmentSeqlensScratchBytesPerRow(kSegments, cross));
+  state.counters["ns_per_token"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * tokens) * 1e-9,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["scratch_bytes_per_row"] =
+      static_cast<double>(kernels::SegmentSeqlensScratchBytesPerRow(kSegments, cross));
 }
 
 void BM_Self(benchmark::State& state, int64_t t) {

@@ -89,7 +89,8 @@ std::vector<v1::Op> OpSeeds() {
     v1::Op op;
     auto* r = op.mutable_gather_bert_mask();
     *r->mutable_mask() = Ref(v1::DTYPE_UINT8, {1, 2, 4, 4}, "small", 0);
-    *r->mutable_indices() = Inline(v1::DTYPE_INT32, {2, 1, 2}, Bytes(std::vector<int32_t>{0, 3, 1, 2}));
+    *r->mutable_indices() =
+        Inline(v1::DTYPE_INT32, {2, 1, 2}, Bytes(std::vector<int32_t>{0, 3, 1, 2}));
     *r->mutable_out() = InlineOut();
     ops.push_back(op);
     *r->mutable_mask() = Inline(v1::DTYPE_BOOL, {1, 2, 1, 4}, std::string(8, '\1'));
@@ -109,14 +110,14 @@ std::vector<v1::Op> OpSeeds() {
   {  // SegmentSeqlens: packed rows [B=2,T=6] with padding (0), NS = 3.
     v1::Op op;
     auto* r = op.mutable_segment_seqlens();
-    *r->mutable_segment_ids_q() =
-        Inline(v1::DTYPE_INT32, {2, 6}, Bytes(std::vector<int32_t>{1, 1, 2, 2, 2, 0, 1, 2, 3, 3, 0, 0}));
+    *r->mutable_segment_ids_q() = Inline(
+        v1::DTYPE_INT32, {2, 6}, Bytes(std::vector<int32_t>{1, 1, 2, 2, 2, 0, 1, 2, 3, 3, 0, 0}));
     r->set_max_segments(3);
     ops.push_back(op);
     r->set_packed(true);
     r->set_mask(v1::ATTN_MASK_CAUSAL);
-    *r->mutable_segment_pos_q() =
-        Inline(v1::DTYPE_INT32, {2, 6}, Bytes(std::vector<int32_t>{0, 1, 0, 1, 2, 0, 0, 0, 0, 1, 0, 0}));
+    *r->mutable_segment_pos_q() = Inline(
+        v1::DTYPE_INT32, {2, 6}, Bytes(std::vector<int32_t>{0, 1, 0, 1, 2, 0, 0, 0, 0, 1, 0, 0}));
     *r->mutable_segment_ids_kv() = Ref(v1::DTYPE_INT32, {2, 4}, "small", 0);
     r->set_mask(v1::ATTN_MASK_CAUSAL_BOTTOM_RIGHT);
     ops.push_back(op);
@@ -141,9 +142,9 @@ std::vector<v1::Op> OpSeeds() {
   {  // TopKTokens: scores [2,5] fp32 inline, R = 2; bf16 from a strided buffer view.
     v1::Op op;
     auto* r = op.mutable_top_k_tokens();
-    *r->mutable_scores() = Inline(
-        v1::DTYPE_FLOAT32, {2, 5},
-        Bytes(std::vector<float>{0.5f, 2.f, -1.f, 2.f, 0.f, 3.f, 1.f, 4.f, 1.f, 5.f}));
+    *r->mutable_scores() =
+        Inline(v1::DTYPE_FLOAT32, {2, 5},
+               Bytes(std::vector<float>{0.5f, 2.f, -1.f, 2.f, 0.f, 3.f, 1.f, 4.f, 1.f, 5.f}));
     r->set_retained_tokens(2);
     ops.push_back(op);
     *r->mutable_scores() = Ref(v1::DTYPE_BFLOAT16, {2, 5}, "big", 2, {8, 1});

@@ -112,7 +112,8 @@ void FillTensor(FuzzedDataProvider& fdp, v1::Tensor* t) {
   for (int i = 0; i < rank; ++i) t->add_shape(PickDim(fdp));
   if (fdp.ConsumeIntegralInRange(0, 3) == 0) {
     int strides = rank;
-    if (fdp.ConsumeIntegralInRange(0, 7) == 0) strides = fdp.ConsumeIntegralInRange(0, kMaxRank + 1);
+    if (fdp.ConsumeIntegralInRange(0, 7) == 0)
+      strides = fdp.ConsumeIntegralInRange(0, kMaxRank + 1);
     for (int i = 0; i < strides; ++i) t->add_strides(PickStride(fdp));
   }
   switch (fdp.ConsumeIntegralInRange(0, 2)) {
@@ -120,8 +121,8 @@ void FillTensor(FuzzedDataProvider& fdp, v1::Tensor* t) {
       break;
     case 1: {
       v1::BufferSlice* slice = t->mutable_buffer();
-      slice->set_buffer(kBufferNames[fdp.ConsumeIntegralInRange<size_t>(
-          0, std::size(kBufferNames) - 1)]);
+      slice->set_buffer(
+          kBufferNames[fdp.ConsumeIntegralInRange<size_t>(0, std::size(kBufferNames) - 1)]);
       slice->set_byte_offset(PickOffset(fdp));
       break;
     }

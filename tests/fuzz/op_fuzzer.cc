@@ -48,8 +48,10 @@ class Environment {
     return limits;
   }
 
-  Environment() : registry_(&mapper_, nullptr, RegistryLimits(), nullptr), backend_(2),
-                  executor_(&backend_, &registry_, nullptr, ExecutorLimits(), &budget_) {
+  Environment()
+      : registry_(&mapper_, nullptr, RegistryLimits(), nullptr),
+        backend_(2),
+        executor_(&backend_, &registry_, nullptr, ExecutorLimits(), &budget_) {
     for (size_t i = 0; i < std::size(kBufferSizes); ++i) {
       memory_[i] = {mapper_.AddObject(kBufferNames[i], kBufferSizes[i]), kBufferSizes[i]};
       FUZZ_CHECK(registry_
@@ -59,8 +61,7 @@ class Environment {
     }
     memory_[kRegistered - 1] = {mapper_.AddObject("others", kOthersSize), kOthersSize};
     FUZZ_CHECK(
-        registry_.Register(kOtherSession, "others", mapper_.Spec("others", 0, kOthersSize))
-            .ok());
+        registry_.Register(kOtherSession, "others", mapper_.Spec("others", 0, kOthersSize)).ok());
   }
 
   // The same bytes before every op, so inputs replay: each 4-byte word holds

@@ -13,6 +13,8 @@
 //    lease's memory stays readable and writable (ASan would see a use after
 //    unmap) until it is released;
 //  - when the registry and every lease are gone, no mapping is left.
+#include <fuzzer/FuzzedDataProvider.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstddef>
@@ -25,8 +27,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <fuzzer/FuzzedDataProvider.h>
 
 #include "server/core/buffer_registry.h"
 #include "server/core/service_metrics.h"
@@ -80,8 +80,7 @@ struct HeldLease {
 
 class Run {
  public:
-  explicit Run(core::ServiceMetrics* metrics)
-      : metrics_(metrics) {
+  explicit Run(core::ServiceMetrics* metrics) : metrics_(metrics) {
     core::RegistryLimits limits;
     limits.max_buffers_per_session = kMaxBuffers;
     registry_.emplace(&mapper_, nullptr, limits, metrics);
@@ -186,8 +185,8 @@ class Run {
     if (it == model_.end()) {
       bool elsewhere = false;
       for (const auto& [key, entry] : model_) elsewhere |= key.second == name;
-      FUZZ_CHECK(lease.status().code() == (elsewhere ? absl::StatusCode::kPermissionDenied
-                                                     : absl::StatusCode::kNotFound));
+      FUZZ_CHECK(lease.status().code() ==
+                 (elsewhere ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kNotFound));
       return;
     }
     FUZZ_CHECK(lease.ok() && *lease != nullptr);

@@ -49,7 +49,8 @@ inline SideResult NaiveSide(const std::vector<Row>& kept_rows, int64_t ns) {
   SideResult r;
   r.seqlen.resize(kept_rows.size());
   r.offset.resize(kept_rows.size());
-  for (size_t b = 0; b < kept_rows.size(); ++b) NaiveCore(kept_rows[b], ns, &r.seqlen[b], &r.offset[b]);
+  for (size_t b = 0; b < kept_rows.size(); ++b)
+    NaiveCore(kept_rows[b], ns, &r.seqlen[b], &r.offset[b]);
   return r;
 }
 
@@ -161,7 +162,7 @@ inline void RandomPair(std::mt19937_64& rng, int64_t ns, int64_t max_len, PosSty
     }
   };
   for (int64_t id = 1; id <= ns; ++id) {
-    if (rng() % 4 == 0) continue;  // skip this id
+    if (rng() % 4 == 0) continue;                   // skip this id
     const int which = static_cast<int>(rng() % 6);  // 0..3 both, 4 q only, 5 kv only
     pad(q);
     pad(kv);

@@ -21,15 +21,8 @@
 namespace tokensel {
 namespace {
 
-using ::testing::ElementsAreArray;
 using kernels::AttnMaskType;
 using kernels::DType;
-using testing::Layout;
-using testing::StatusIs;
-using testing::TestTensor;
-using testing::segref::PackedResult;
-using testing::segref::Row;
-using testing::segref::SideResult;
 using segtest::Case;
 using segtest::CrossCase;
 using segtest::ExpectMatchesReference;
@@ -41,6 +34,13 @@ using segtest::RunOp;
 using segtest::SelfCase;
 using segtest::SideOut;
 using segtest::StandardPos;
+using ::testing::ElementsAreArray;
+using testing::Layout;
+using testing::StatusIs;
+using testing::TestTensor;
+using testing::segref::PackedResult;
+using testing::segref::Row;
+using testing::segref::SideResult;
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 const AttnMaskType kAllMasks[] = {AttnMaskType::kPadding, AttnMaskType::kCausal,
@@ -61,7 +61,12 @@ TEST(SegmentSeqlensTest, SpecSelfVectors) {
       {{1, 1, 1, 1}, 1, {4}, {0, -1}, {4}, {0, 4}, {0, 4}},
       {{1, 1, 1, 2, 2, 3, 3, 3, 3}, 3, {3, 2, 4}, {0, 3, 5, -1}, {}, {0, 3, 5, 9}, {}},
       {{1, 1, 2, 2, 2, 0, 0, 0}, 2, {2, 3}, {0, 2, -1}, {}, {0, 2, 8}, {0, 2, 5}},
-      {{1, 0, 2, 2, 3, 0, 0, 4, 4}, 4, {1, 2, 1, 2}, {0, 2, 4, 7, -1}, {}, {0, 2, 4, 7, 9},
+      {{1, 0, 2, 2, 3, 0, 0, 4, 4},
+       4,
+       {1, 2, 1, 2},
+       {0, 2, 4, 7, -1},
+       {},
+       {0, 2, 4, 7, 9},
        {0, 1, 3, 4, 6}},
       {{0, 0, 1, 1, 0, 2}, 2, {2, 1}, {2, 5, -1}, {}, {2, 5, 6}, {0, 2, 3}},
       {{1, 1, 2}, 4, {2, 1, 0, 0}, {0, 2, -1, -1, -1}, {}, {}, {}},
@@ -110,8 +115,8 @@ TEST(SegmentSeqlensTest, SpecTwoRowsPacked) {
 }
 
 TEST(SegmentSeqlensTest, SpecBrcmCrossQLonger) {
-  Outcome out = RunOp(CrossCase({1, 1, 1, 1}, {0, 1, 2, 3}, {1, 1}, {0, 1}, 1,
-                              AttnMaskType::kCausalBottomRight));
+  Outcome out = RunOp(
+      CrossCase({1, 1, 1, 1}, {0, 1, 2, 3}, {1, 1}, {0, 1}, 1, AttnMaskType::kCausalBottomRight));
   ASSERT_OK(out.status);
   EXPECT_THAT(out.q->Read().seqlen[0], ElementsAreArray({2}));
   EXPECT_THAT(out.q->Read().offset[0], ElementsAreArray({2, -1}));
@@ -138,8 +143,8 @@ TEST(SegmentSeqlensTest, EmptyBatchCrossAttentionWithPacked) {
 
 // TE's striped context-parallel example (reference doc T17), CAUSAL.
 TEST(SegmentSeqlensTest, StripedCausalExample) {
-  Outcome out = RunOp(CrossCase({1, 1, 2, 2}, {0, 2, 0, 2}, {1, 1, 2, 2}, {1, 3, 1, 3}, 2,
-                              AttnMaskType::kCausal));
+  Outcome out = RunOp(
+      CrossCase({1, 1, 2, 2}, {0, 2, 0, 2}, {1, 1, 2, 2}, {1, 3, 1, 3}, 2, AttnMaskType::kCausal));
   ASSERT_OK(out.status);
   EXPECT_THAT(out.q->Read().offset[0], ElementsAreArray({1, 3, -1}));
   EXPECT_THAT(out.q->Read().seqlen[0], ElementsAreArray({1, 1}));
@@ -175,7 +180,6 @@ TEST(SegmentSeqlensTest, ClosedFormsStandardPositions) {
   }
 }
 
-
 // ---------------------------------------------------------------------------
 // Data errors: status, message naming field/row/token/value, nothing written.
 
@@ -198,8 +202,7 @@ void ExpectDataError(const Case& c, const std::string& substr, const std::string
 TEST(SegmentSeqlensTest, SpecErrorVectors) {
   ExpectDataError(SelfCase({{1, 1, 0, 1, 2, 2}}, 2), "segment_ids_q[0,3] = 1",
                   "padding inside segment 1");
-  ExpectDataError(SelfCase({{1, 1, 2, 2, 1, 1}}, 2), "segment_ids_q[0,4] = 1",
-                  "strictly increase");
+  ExpectDataError(SelfCase({{1, 1, 2, 2, 1, 1}}, 2), "segment_ids_q[0,4] = 1", "strictly increase");
   ExpectDataError(SelfCase({{2, 2, 2, 1}}, 2), "segment_ids_q[0,3] = 1", "strictly increase");
   ExpectDataError(SelfCase({{1, 2, 3, 4, 5}}, 2), "segment_ids_q[0,2] = 3", "out of range [0, 2]");
   ExpectDataError(SelfCase({{1, 1, 3, 3}}, 2), "segment_ids_q[0,2] = 3", "out of range");
@@ -279,8 +282,7 @@ TEST(SegmentSeqlensTest, RandomDataErrors) {
       } else if (cross) {
         const int64_t tkv_bad = testing::segref::NaiveFirstBadId(c.ids_kv[b], ns);
         if (tkv_bad >= 0) {
-          expected =
-              absl::StrCat("segment_ids_kv[", b, ",", tkv_bad, "] = ", c.ids_kv[b][tkv_bad]);
+          expected = absl::StrCat("segment_ids_kv[", b, ",", tkv_bad, "] = ", c.ids_kv[b][tkv_bad]);
         }
       }
     }
@@ -298,7 +300,6 @@ TEST(SegmentSeqlensTest, RandomDataErrors) {
     }
   }
 }
-
 
 // ---------------------------------------------------------------------------
 // Metadata errors (ValidateSegmentSeqlens): nothing read, nothing written.
@@ -333,9 +334,7 @@ class SegmentSeqlensMetaTest : public ::testing::Test {
   kernels::SegmentSeqlensArgs args_;
 };
 
-TEST_F(SegmentSeqlensMetaTest, ValidArgsPass) {
-  EXPECT_OK(kernels::ValidateSegmentSeqlens(args_));
-}
+TEST_F(SegmentSeqlensMetaTest, ValidArgsPass) { EXPECT_OK(kernels::ValidateSegmentSeqlens(args_)); }
 
 TEST_F(SegmentSeqlensMetaTest, Errors) {
   const kernels::SegmentSeqlensArgs valid = args_;
@@ -373,13 +372,13 @@ TEST_F(SegmentSeqlensMetaTest, Errors) {
        [](auto& a) { a.q.seqlen.data = a.segment_ids_kv->data; }},
       {"segment_ids_q: dim 1 (T)",  // T beyond int32 (broadcast view, never read)
        [&](auto& a) {
-         a.segment_ids_q = kernels::TensorView::Strided(scratch, DType::kInt32,
-                                                        {2, int64_t{1} << 31}, {0, 0});
+         a.segment_ids_q =
+             kernels::TensorView::Strided(scratch, DType::kInt32, {2, int64_t{1} << 31}, {0, 0});
        }},
       {"q.packed: B*T",  // B*T beyond int32 with the packed layout
        [&](auto& a) {
-         a.segment_ids_q = kernels::TensorView::Strided(scratch, DType::kInt32,
-                                                        {2, int64_t{1} << 30}, {0, 0});
+         a.segment_ids_q =
+             kernels::TensorView::Strided(scratch, DType::kInt32, {2, int64_t{1} << 30}, {0, 0});
          a.segment_pos_q = a.segment_ids_q;
        }},
   };
@@ -429,8 +428,8 @@ TEST(SegmentSeqlensTest, RandomSelfAttention) {
       c.tq = t;
       for (int64_t b = 0; b < batch; ++b) {
         testing::segref::SideRows q, kv;
-        testing::segref::RandomPair(rng, ns, 1 + t / ns, testing::segref::PosStyle::kStandard,
-                                    &q, &kv);
+        testing::segref::RandomPair(rng, ns, 1 + t / ns, testing::segref::PosStyle::kStandard, &q,
+                                    &kv);
         if (b == 1) q.ids.clear();  // an all-padding row
         Fit(&q.ids, nullptr, t);
         c.ids_q.push_back(q.ids);
@@ -448,8 +447,8 @@ TEST(SegmentSeqlensTest, RandomCrossAttention) {
   std::mt19937_64 rng(11);
   kernels::cpu::ThreadPool pool(3);
   const testing::segref::PosStyle styles[] = {testing::segref::PosStyle::kStandard,
-                                             testing::segref::PosStyle::kStriped,
-                                             testing::segref::PosStyle::kRandom};
+                                              testing::segref::PosStyle::kStriped,
+                                              testing::segref::PosStyle::kRandom};
   int cases = 0;
   for (int iter = 0; iter < 60; ++iter) {
     for (AttnMaskType mask : kAllMasks) {
@@ -498,8 +497,7 @@ TEST(SegmentSeqlensTest, LargeRowsAndThreadCounts) {
   self.tq = t;
   for (int64_t b = 0; b < batch; ++b) {
     testing::segref::SideRows q, kv;
-    testing::segref::RandomPair(rng, ns, 2 * t / ns, testing::segref::PosStyle::kStandard, &q,
-                                &kv);
+    testing::segref::RandomPair(rng, ns, 2 * t / ns, testing::segref::PosStyle::kStandard, &q, &kv);
     Fit(&q.ids, nullptr, t);
     self.ids_q.push_back(q.ids);
   }

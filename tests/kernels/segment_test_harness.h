@@ -21,9 +21,9 @@
 
 namespace tokensel::segtest {
 
-using ::testing::ElementsAreArray;
 using kernels::AttnMaskType;
 using kernels::DType;
+using ::testing::ElementsAreArray;
 using testing::Layout;
 using testing::TestTensor;
 using testing::segref::PackedResult;
@@ -109,10 +109,9 @@ class SideOut {
   std::vector<std::vector<int32_t>> poison_;
 };
 
-
 // [B, T] index tensor holding `rows` (all of length t).
 inline TestTensor MakeIndex(DType dtype, const std::vector<Row>& rows, int64_t t,
-                     const Layout& layout = {}) {
+                            const Layout& layout = {}) {
   TestTensor x(dtype, {static_cast<int64_t>(rows.size()), t}, layout);
   std::mt19937_64 rng(rows.size() + 7 * t);
   x.FillRandom(rng);
@@ -178,7 +177,7 @@ inline Outcome RunOp(const Case& c, const Options& o = {}) {
 }
 
 inline void ExpectSide(SideOut& got, const SideResult& want, int64_t ns, int64_t t, bool packed,
-                const std::string& what) {
+                       const std::string& what) {
   SCOPED_TRACE(what);
   const SideResult r = got.Read();
   ASSERT_EQ(r.seqlen.size(), want.seqlen.size());
@@ -211,8 +210,7 @@ inline void ExpectMatchesReference(const Case& c, const Options& o, const std::s
   }
   ExpectSide(*out.q, testing::segref::NaiveSide(kq, c.ns), c.ns, c.tq, o.packed, what + " q");
   if (c.cross) {
-    ExpectSide(*out.kv, testing::segref::NaiveSide(kkv, c.ns), c.ns, c.tkv, o.packed,
-               what + " kv");
+    ExpectSide(*out.kv, testing::segref::NaiveSide(kkv, c.ns), c.ns, c.tkv, o.packed, what + " kv");
   }
 }
 

@@ -309,12 +309,23 @@ TEST(SortTokensTest, RandomAgainstReference) {
     int64_t s;
   };
   const std::vector<Size> sizes = {
-      {{0, 3}, 5},         {{1}, 1},        {{1, 1}, 1},         {{3, 1}, 7},
-      {{2, 3, 5}, 5},      {{2, 3, 7}, 64}, {{4, 63}, 65},       {{3, 64}, 128},
-      {{2, 2, 100}, 1000}, {{5, 130}, 131}, {{2, 1000}, 100000}, {{1, 100000}, 100000},
+      {{0, 3}, 5},
+      {{1}, 1},
+      {{1, 1}, 1},
+      {{3, 1}, 7},
+      {{2, 3, 5}, 5},
+      {{2, 3, 7}, 64},
+      {{4, 63}, 65},
+      {{3, 64}, 128},
+      {{2, 2, 100}, 1000},
+      {{5, 130}, 131},
+      {{2, 1000}, 100000},
+      {{1, 100000}, 100000},
       {{7, 3, 17}, 4099},
       // Sparse rows (S/64 words > 16 R): sorted by comparison.
-      {{3, 2}, 5000},      {{2, 3, 1}, 3000},   {{4, 9}, 65537},
+      {{3, 2}, 5000},
+      {{2, 3, 1}, 3000},
+      {{4, 9}, 65537},
   };
   int iteration = 0;
   for (const Size& size : sizes) {
@@ -358,7 +369,8 @@ TEST(SortTokensTest, LargeBitmapPath) {
   // An error in the last row: nothing written.
   std::vector<int64_t> in;
   for (int64_t row = 0; row < kRows; ++row) {
-    for (int64_t i = 0; i < kR; ++i) in.push_back(row == kRows - 1 && i == kR - 1 ? 5 : i * 1000 + 5);
+    for (int64_t i = 0; i < kR; ++i)
+      in.push_back(row == kRows - 1 && i == kR - 1 ? 5 : i * 1000 + 5);
   }
   ThreadPool pool(3);
   TestTensor ids = MakeIds(DType::kInt64, {kRows, kR}, in);
@@ -404,9 +416,10 @@ TEST(SortTokensTest, HugeSTinyRowsAreSortedByComparison) {
 // then lowest position; nothing written.
 TEST(SortTokensTest, SparseRowsReportTheFirstError) {
   constexpr int64_t kS = int64_t{1} << 30;
-  const std::vector<int64_t> in = {7, kS - 1, 3,  // row 0 valid
-                                   kS, 4, 4,      // row 1: out of range at 0 (before the duplicate)
-                                   9, 9, -1};     // row 2
+  const std::vector<int64_t> in = {
+      7,  kS - 1, 3,    // row 0 valid
+      kS, 4,      4,    // row 1: out of range at 0 (before the duplicate)
+      9,  9,      -1};  // row 2
   ThreadPool pool(3);
   for (DType dtype : {DType::kInt32, DType::kInt64}) {
     TestTensor ids = MakeIds(dtype, {3, 3}, in);

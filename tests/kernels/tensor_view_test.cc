@@ -1,11 +1,12 @@
 // TensorView, dtype and the shared metadata validation helpers.
+#include "kernels/tensor_view.h"
+
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
-#include "kernels/tensor_view.h"
 #include "kernels/validate.h"
 #include "tests/testing/status_matchers.h"
 
@@ -17,9 +18,9 @@ using ::tokensel::testing::StatusIs;
 
 TEST(DTypeTest, SizesAndNamesRoundTrip) {
   const std::vector<std::pair<DType, int64_t>> expected = {
-      {DType::kBool, 1},    {DType::kInt8, 1},     {DType::kUInt8, 1},   {DType::kFloat8E4M3, 1},
+      {DType::kBool, 1},       {DType::kInt8, 1},    {DType::kUInt8, 1},    {DType::kFloat8E4M3, 1},
       {DType::kFloat8E5M2, 1}, {DType::kFloat16, 2}, {DType::kBFloat16, 2}, {DType::kInt16, 2},
-      {DType::kFloat32, 4}, {DType::kInt32, 4},    {DType::kFloat64, 8}, {DType::kInt64, 8}};
+      {DType::kFloat32, 4},    {DType::kInt32, 4},   {DType::kFloat64, 8},  {DType::kInt64, 8}};
   ASSERT_EQ(expected.size(), static_cast<size_t>(kNumDTypes));
   for (const auto& [dtype, size] : expected) {
     EXPECT_EQ(ElementSize(dtype), size) << DTypeName(dtype);
@@ -66,7 +67,8 @@ TEST(TensorViewTest, StridedOffsetsMatchNaiveUnravel) {
   for (int64_t a = 0; a < 3; ++a) {
     for (int64_t b = 0; b < 5; ++b) {
       EXPECT_EQ(RowOffset(v, a * 5 + b), a * 40 + b * 7);
-      for (int64_t c = 0; c < 2; ++c) EXPECT_EQ(LinearToOffset(v, linear++), a * 40 + b * 7 + c * 3);
+      for (int64_t c = 0; c < 2; ++c)
+        EXPECT_EQ(LinearToOffset(v, linear++), a * 40 + b * 7 + c * 3);
     }
   }
 }
@@ -150,9 +152,9 @@ TEST(ValidateTest, NonOverlappingOutputs) {
     return TensorView::Strided(s, DType::kFloat32, shape, strides);
   };
   EXPECT_OK(CheckNonOverlapping(view({2, 3}, {3, 1}), "out"));
-  EXPECT_OK(CheckNonOverlapping(view({2, 3}, {1, 2}), "out"));   // column-major
-  EXPECT_OK(CheckNonOverlapping(view({2, 3}, {5, 1}), "out"));   // padded rows
-  EXPECT_OK(CheckNonOverlapping(view({1, 3}, {0, 1}), "out"));   // unit dim, any stride
+  EXPECT_OK(CheckNonOverlapping(view({2, 3}, {1, 2}), "out"));  // column-major
+  EXPECT_OK(CheckNonOverlapping(view({2, 3}, {5, 1}), "out"));  // padded rows
+  EXPECT_OK(CheckNonOverlapping(view({1, 3}, {0, 1}), "out"));  // unit dim, any stride
   EXPECT_THAT(CheckNonOverlapping(view({2, 3}, {0, 1}), "out"),
               StatusIs(StatusCode::kInvalidArgument, "out: output strides [0,1]"));
   EXPECT_THAT(CheckNonOverlapping(view({2, 3}, {2, 1}), "out"),
@@ -182,14 +184,16 @@ TEST(ValidateTest, DimAndDTypeMessagesNameTheField) {
   TensorView f = TensorView::Contiguous(s, DType::kFloat32, {2, 4});
   EXPECT_THAT(CheckIndexDType(f, "indices"),
               StatusIs(StatusCode::kInvalidArgument, "indices: dtype float32 is not supported"));
-  EXPECT_THAT(CheckSameDType(f, "layer", idx, "all"),
-              StatusIs(StatusCode::kInvalidArgument, "layer: dtype float32 differs from all dtype int32"));
+  EXPECT_THAT(
+      CheckSameDType(f, "layer", idx, "all"),
+      StatusIs(StatusCode::kInvalidArgument, "layer: dtype float32 differs from all dtype int32"));
 }
 
 TEST(ValidateTest, DataErrorMessagesUseMultiIndex) {
   int32_t s[12];
   TensorView ids = TensorView::Contiguous(s, DType::kInt32, {1, 3, 4});
-  EXPECT_EQ(IndexOutOfRange(ids, "ids", 6, 9, 5).message(), "ids[0,1,2] = 9 is out of range [0, 5)");
+  EXPECT_EQ(IndexOutOfRange(ids, "ids", 6, 9, 5).message(),
+            "ids[0,1,2] = 9 is out of range [0, 5)");
   EXPECT_THAT(DuplicateIndex(ids, "ids", 7, 3, 5),
               StatusIs(StatusCode::kInvalidArgument, "ids[0,1,3] = 3 duplicates ids[0,1,1]"));
 }

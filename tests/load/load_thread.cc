@@ -1,7 +1,5 @@
 #include "tests/load/load_thread.h"
 
-#include "tokensel/client/fd_channel.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/load/op_generators.h"
+#include "tokensel/client/fd_channel.h"
 
 namespace tokensel::load {
 namespace {

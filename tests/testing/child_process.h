@@ -8,9 +8,10 @@
 //   w->CloseStdin();                                  // EOF: the worker goes on
 //   ASSIGN_OR_RETURN(int code, w->WaitForExit(deadline));
 //
-// The child gets PR_SET_PDEATHSIG=SIGKILL (call Start from a thread that
-// outlives it) and only the two pipe ends (O_CLOEXEC elsewhere), so no child
-// keeps another child's stdin open. The destructor SIGKILLs a child still
+// A tokensel::Subprocess (common/subprocess.h) underneath: the child gets
+// PR_SET_PDEATHSIG=SIGKILL (call Start from a thread that outlives it) and
+// only the two pipe ends (O_CLOEXEC elsewhere), so no child keeps another
+// child's stdin open. The destructor SIGKILLs a child still
 // running, reaps it and joins the reader. Thread-safety: WaitForLine and
 // Lines may be called from any thread; the rest from the owning thread.
 #ifndef TOKENSEL_TESTS_TESTING_CHILD_PROCESS_H_
@@ -19,16 +20,14 @@
 #include <sys/types.h>
 
 #include <memory>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace tokensel::testing {
 
@@ -36,11 +35,11 @@ class ChildProcess {
  public:
   // argv[0] is the binary's path.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::vector<std::string>& argv);
-  ~ChildProcess();
+  ~ChildProcess() = default;  // Subprocess: SIGKILL, reap, join
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_->pid(); }
 
   // The first stdout line starting with `prefix` (waiting for it);
   // DEADLINE_EXCEEDED at `deadline`, NOT_FOUND if stdout ended without it.
@@ -49,7 +48,7 @@ class ChildProcess {
   std::vector<std::string> Lines() const;
 
   // Closes the child's stdin (EOF). Idempotent.
-  void CloseStdin();
+  void CloseStdin() { process_->CloseStdin(); }
   // kill(pid, signo); FAILED_PRECONDITION once the child was reaped.
   absl::Status Signal(int signo) const;
   // The exit code; INTERNAL naming the signal if killed; DEADLINE_EXCEEDED
@@ -57,17 +56,9 @@ class ChildProcess {
   absl::StatusOr<int> WaitForExit(absl::Time deadline);
 
  private:
-  ChildProcess() = default;
-  void ReadLoop(int fd);
+  explicit ChildProcess(std::unique_ptr<Subprocess> process) : process_(std::move(process)) {}
 
-  pid_t pid_ = -1;
-  int stdin_fd_ = -1;
-  std::optional<int> wait_status_;
-  std::thread reader_;
-
-  mutable absl::Mutex mu_;
-  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
-  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Subprocess> process_;
 };
 
 }  // namespace tokensel::testing

@@ -121,8 +121,7 @@ inline double MetricSum(absl::string_view text, absl::string_view name,
     absl::string_view rest = line.substr(name.size());
     if (rest.empty() || (rest[0] != '{' && rest[0] != ' ')) continue;  // a longer name
     const size_t close = rest.rfind('}');
-    const size_t space =
-        close == absl::string_view::npos ? rest.find(' ') : rest.find(' ', close);
+    const size_t space = close == absl::string_view::npos ? rest.find(' ') : rest.find(' ', close);
     if (space == absl::string_view::npos) continue;
     absl::string_view labels = rest.substr(0, space);
     bool match = true;

@@ -18,10 +18,10 @@
 // metrics ports, and waits until grpc.health.v1.Health/Check says SERVING.
 // Every failure comes back as a Status carrying the server's output so far.
 //
-// The child gets PR_SET_PDEATHSIG=SIGKILL: it dies with the thread that
-// started it, so call Start() from a thread that outlives the server (the
-// test's main thread). The destructor SIGKILLs a still-running child, reaps
-// it and removes the temp directory.
+// The process is a tokensel::Subprocess (common/subprocess.h); the child gets
+// PR_SET_PDEATHSIG=SIGKILL: it dies with the thread that started it, so call Start() from a thread
+// that outlives the server (the test's main thread). The destructor SIGKILLs a still-running child,
+// reaps it and removes the temp directory.
 //
 // The binary is TOKENSEL_SERVER_BINARY (a compile definition set by CMake to
 // $<TARGET_FILE:tokensel-server>). Set TOKENSEL_TEST_SERVER_LOG=1 to echo the
@@ -38,13 +38,13 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 #include "grpcpp/channel.h"
 
 namespace tokensel::testing {
@@ -80,7 +80,7 @@ class ServerProcess {
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_->pid(); }
   // "unix:///tmp/tokensel-it-XXXXXX/tokensel.sock".
   const std::string& unix_target() const { return unix_target_; }
   // Its fd channel: the socket path + ".fd".
@@ -105,7 +105,7 @@ class ServerProcess {
   // Waits for the child to exit. Returns its exit code, or INTERNAL naming
   // the signal that killed it; DEADLINE_EXCEEDED if still running.
   absl::StatusOr<int> WaitForExit(absl::Duration timeout);
-  bool exited() const { return exit_status_.has_value(); }
+  bool exited() const { return process_->reaped(); }
 
   // Everything the server printed so far (stdout and stderr merged).
   std::string Output() const;
@@ -115,24 +115,14 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
-  absl::Status Launch(const std::vector<std::string>& argv, std::optional<uint64_t> nofile);
-  void ReadLoop(int fd);
   absl::Status WithOutput(absl::Status status) const;
 
-  pid_t pid_ = -1;
   std::string temp_dir_;
   std::string unix_target_;
   std::string tcp_target_;
   int metrics_port_ = 0;
   std::string shm_prefix_;
-  std::optional<int> exit_status_;  // raw wait status once reaped
-  std::thread reader_;
-  bool echo_ = false;
-
-  mutable absl::Mutex mu_;
-  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
-  std::string partial_ ABSL_GUARDED_BY(mu_);
-  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Subprocess> process_;  // set by Start
 };
 
 // "/tokensel-it-<pid>-": unique per test process, so parallel tests never

@@ -29,8 +29,7 @@ MATCHER(IsOk, "is OK") {
   return s.ok();
 }
 
-MATCHER_P2(StatusIsImpl, code, message_matcher,
-           "has code " + absl::StatusCodeToString(code)) {
+MATCHER_P2(StatusIsImpl, code, message_matcher, "has code " + absl::StatusCodeToString(code)) {
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status is " << s;
   if (s.code() != code) return false;

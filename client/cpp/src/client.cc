@@ -63,7 +63,8 @@ absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
       const std::string message =
           absl::StrCat("host_shm.shm_name \"", shm.shm_name(), "\": ", std::strerror(err));
       if (err == ENOENT) return absl::NotFoundError(message);
-      if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(message);
+      if (err == EACCES || err == EPERM || err == ELOOP)
+        return absl::PermissionDeniedError(message);
       return absl::InvalidArgumentError(message);
     }
     fd = opened;
@@ -127,8 +128,8 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, st
     : channel_(std::move(channel)),
       stub_(v1::TokenSelect::NewStub(channel_)),
       options_(std::move(options)),
-      fd_channel_path_(!options_.fd_channel.empty() ? options_.fd_channel
-                                                    : FdChannelPath(target)) {}
+      fd_channel_path_(!options_.fd_channel.empty() ? options_.fd_channel : FdChannelPath(target)) {
+}
 
 Client Client::WithSession(std::string session_id) const {
   Client copy = *this;

@@ -5,11 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/gpu_uuid.h"
 #include "tokensel/client/cuda_ipc_region.h"
 
 namespace tokensel::client {
@@ -21,16 +21,6 @@ static_assert(sizeof(cudaIpcMemHandle_t) == CudaIpcRegion::kHandleBytes,
 absl::Status CudaError(absl::string_view what, cudaError_t err) {
   cudaGetLastError();  // clear a non-sticky error
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-}
-
-std::string FormatUuid(const cudaUUID_t& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  char buf[64];
-  std::snprintf(buf, sizeof(buf),
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
-  return buf;
 }
 
 PFN_cuMemGetAddressRange_v3020 AddressRangeFn() {
@@ -118,7 +108,7 @@ absl::StatusOr<CudaIpcRegion> CudaIpcRegion::FromDevicePointer(const void* ptr, 
 
   CudaIpcRegion region;
   region.handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  region.device_uuid_ = FormatUuid(prop.uuid);
+  region.device_uuid_ = FormatGpuUuid(prop.uuid.bytes);
   region.offset_ = offset;
   region.size_ = size;
   return region;

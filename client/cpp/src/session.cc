@@ -164,13 +164,12 @@ absl::Status Session::WaitUntilOpen(absl::Duration timeout) const {
   }
   absl::MutexLock lock(&mu_);
   const uint64_t after = attempts_;
-  auto done = [this, after]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return closed_ || open_attempt_ > after;
-  };
+  auto done = [this, after]()
+                  ABSL_NO_THREAD_SAFETY_ANALYSIS { return closed_ || open_attempt_ > after; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "WaitUntilOpen: the session was not confirmed open within ",
-        absl::FormatDuration(timeout), "; last keep-alive: ", last_keep_alive_.ToString(),
+        "WaitUntilOpen: the session was not confirmed open within ", absl::FormatDuration(timeout),
+        "; last keep-alive: ", last_keep_alive_.ToString(),
         "; last re-open: ", last_reopen_.ToString()));
   }
   if (closed_) return absl::FailedPreconditionError("WaitUntilOpen: the session is closed");

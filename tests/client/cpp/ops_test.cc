@@ -313,9 +313,9 @@ TEST_F(ClientOpsTest, TcpTargetWorks) {
   absl::StatusOr<v1::OpenSessionResponse> own = tcp->OpenSession({});
   ASSERT_OK(own.status());
   EXPECT_OK(tcp->WithSession(own->session_id()).ListBuffers().status());
-  EXPECT_THAT(tcp->WithSession(own->session_id()).RegisterBuffer(region_->RegisterRequest("x"))
-                  .status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "not a unix socket"));
+  EXPECT_THAT(
+      tcp->WithSession(own->session_id()).RegisterBuffer(region_->RegisterRequest("x")).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "not a unix socket"));
 }
 
 }  // namespace

@@ -95,10 +95,10 @@ struct GatherCase {
     std::vector<float> out(kB * kR * kC);
     const itest::Placed local_out =
         itest::Arena(out.size() * sizeof(float)).Place(kernels::DType::kFloat32, {kB, kR, kC});
-    const absl::Status status = kernels::cpu::GatherTokens(
-        {act.View(base), idx.View(base),
-         local_out.View(reinterpret_cast<uint8_t*>(out.data())), true},
-        nullptr);
+    const absl::Status status =
+        kernels::cpu::GatherTokens({act.View(base), idx.View(base),
+                                    local_out.View(reinterpret_cast<uint8_t*>(out.data())), true},
+                                   nullptr);
     EXPECT_OK(status);
     return out;
   }
@@ -211,8 +211,7 @@ TEST(SessionTest, ReopenAfterServerRestart) {
   std::unique_ptr<ServerProcess> server = StartServer(socket.args());
   ASSERT_NE(server, nullptr);
   const Client client = ConnectTo(socket.target(), absl::Seconds(20));
-  absl::StatusOr<std::unique_ptr<Session>> session =
-      Session::Open(client, {.auto_reopen = false});
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(client, {.auto_reopen = false});
   ASSERT_OK(session.status());
   absl::StatusOr<SharedRegion> region =
       SharedRegion::Create(SharedRegion::UniqueName(server->shm_prefix(), "reopen"), 4096,

@@ -29,8 +29,7 @@ using gputest::TestStream;
 using testing::Layout;
 using testing::TestTensor;
 
-constexpr DType kElemDTypes[] = {DType::kUInt8, DType::kBFloat16, DType::kFloat32,
-                                 DType::kFloat64};
+constexpr DType kElemDTypes[] = {DType::kUInt8, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
 
 // One logical tensor twice (cpu oracle / gpu mirror), equal bytes. `step` > 1
 // makes the last dim strided (every step-th element of a wider buffer).
@@ -47,8 +46,8 @@ struct Twin {
   }
 };
 
-std::unique_ptr<Twin> MakeTwin(DType dtype, std::vector<int64_t> shape, Layout layout,
-                               int64_t step, std::mt19937_64& rng) {
+std::unique_ptr<Twin> MakeTwin(DType dtype, std::vector<int64_t> shape, Layout layout, int64_t step,
+                               std::mt19937_64& rng) {
   auto twin = std::make_unique<Twin>();
   shape.back() *= step;
   twin->cpu = TestTensor(dtype, shape, layout);
@@ -78,8 +77,7 @@ template <typename Args>
 void Compare(const std::function<Args(const std::vector<TensorView>&)>& make_args,
              const std::vector<Twin*>& twins,
              const std::function<absl::Status(const Args&)>& run_cpu,
-             size_t (*ws_bytes)(const Args&),
-             absl::Status (*async)(const Args&, Workspace, Stream),
+             size_t (*ws_bytes)(const Args&), absl::Status (*async)(const Args&, Workspace, Stream),
              absl::Status (*finish)(const Args&, Workspace, Stream)) {
   std::vector<TensorView> cpu_views, dev_views;
   std::vector<std::unique_ptr<DeviceMirror>> mirrors;
@@ -151,29 +149,33 @@ std::vector<int64_t> TokenShape(bool bf, int64_t b, int64_t s, int64_t c) {
 }
 
 void RunGather(const TokenCase& k, std::mt19937_64& rng) {
-  auto act = MakeTwin(k.dtype, TokenShape(k.batch_first, k.b, k.s, k.c), k.tokens_layout, k.step,
-                      rng);
+  auto act =
+      MakeTwin(k.dtype, TokenShape(k.batch_first, k.b, k.s, k.c), k.tokens_layout, k.step, rng);
   auto out = MakeTwin(k.dtype, TokenShape(k.batch_first, k.b, k.r, k.c), k.retained_layout, 1, rng);
   auto idx = MakeIndices(k.index_dtype, {k.b, k.r},
                          RandomIndices(k.b, k.r, k.s, false, k.error, rng), {}, rng);
   const bool bf = k.batch_first;
   Compare<GatherTokensArgs>(
-      [&](const std::vector<TensorView>& v) { return GatherTokensArgs{v[0], v[1], v[2], bf}; },
+      [&](const std::vector<TensorView>& v) {
+        return GatherTokensArgs{v[0], v[1], v[2], bf};
+      },
       {act.get(), idx.get(), out.get()},
       [](const GatherTokensArgs& a) { return cpu::GatherTokens(a, nullptr); },
       GatherTokensWorkspaceBytes, GatherTokensAsync, GatherTokensFinish);
 }
 
 void RunScatter(const TokenCase& k, std::mt19937_64& rng) {
-  auto all = MakeTwin(k.dtype, TokenShape(k.batch_first, k.b, k.s, k.c), k.tokens_layout, k.step,
-                      rng);
+  auto all =
+      MakeTwin(k.dtype, TokenShape(k.batch_first, k.b, k.s, k.c), k.tokens_layout, k.step, rng);
   auto layer =
       MakeTwin(k.dtype, TokenShape(k.batch_first, k.b, k.r, k.c), k.retained_layout, 1, rng);
   auto idx = MakeIndices(k.index_dtype, {k.b, k.r},
                          RandomIndices(k.b, k.r, k.s, true, k.error, rng), {}, rng);
   const bool bf = k.batch_first;
   Compare<ScatterTokensArgs>(
-      [&](const std::vector<TensorView>& v) { return ScatterTokensArgs{v[0], v[1], v[2], bf}; },
+      [&](const std::vector<TensorView>& v) {
+        return ScatterTokensArgs{v[0], v[1], v[2], bf};
+      },
       {all.get(), layer.get(), idx.get()},
       [](const ScatterTokensArgs& a) { return cpu::ScatterTokens(a, nullptr); },
       ScatterTokensWorkspaceBytes, ScatterTokensAsync, ScatterTokensFinish);
@@ -192,15 +194,15 @@ TEST_F(GatherScatterMasksGpuTest, TokensRandom) {
       for (DType index_dtype : {DType::kInt32, DType::kInt64}) {
         for (int64_t c : {1, 3, 8, 4100}) {
           const int64_t mis = 1 + static_cast<int64_t>(rng_() % 15);
-          SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " bf " << bf
-                                            << " idx " << static_cast<int>(index_dtype) << " C "
-                                            << c << " misalign " << mis);
+          SCOPED_TRACE(::testing::Message()
+                       << "dtype " << static_cast<int>(dtype) << " bf " << bf << " idx "
+                       << static_cast<int>(index_dtype) << " C " << c << " misalign " << mis);
           const TokenCase aligned{dtype, index_dtype, bf, 3, 37, 11, c, {}, {}};
           // Both sides misaligned by the same amount: still 16-byte vectors.
           const TokenCase same{dtype, index_dtype, bf, 2, 20, 7, c, {{0, 1, 0}, mis}, {{}, mis}};
           // Different misalignment and padded rows: narrower vectors / bytes.
-          const TokenCase mixed{dtype, index_dtype, bf, 2, 19, 19, c, {{1, 3, 0}, mis},
-                                {{0, 1, 0}, (mis * 7) % 16}};
+          const TokenCase mixed{
+              dtype, index_dtype, bf, 2, 19, 19, c, {{1, 3, 0}, mis}, {{0, 1, 0}, (mis * 7) % 16}};
           const TokenCase strided{dtype, index_dtype, bf, 2, 9, 4, c, {{}, mis}, {}, 2};
           for (const TokenCase& k : {aligned, same, mixed, strided}) {
             RunGather(k, rng_);
@@ -237,7 +239,16 @@ TEST_F(GatherScatterMasksGpuTest, TokensErrors) {
     }
   }
   for (int i = 0; i < 8; ++i) {
-    RunScatter({DType::kFloat32, DType::kInt32, i % 2 == 0, 4, 64, 30, 5, {}, {}, 1,
+    RunScatter({DType::kFloat32,
+                DType::kInt32,
+                i % 2 == 0,
+                4,
+                64,
+                30,
+                5,
+                {},
+                {},
+                1,
                 IndexError::kDuplicate},
                rng_);
   }
@@ -260,7 +271,9 @@ void RunBert(const BertCase& k, std::mt19937_64& rng) {
   auto idx = MakeIndices(k.index_dtype, {k.l, k.b, k.r},
                          RandomIndices(k.l * k.b, k.r, k.s, false, k.error, rng), {}, rng);
   Compare<GatherBertMaskArgs>(
-      [&](const std::vector<TensorView>& v) { return GatherBertMaskArgs{v[0], v[1], v[2]}; },
+      [&](const std::vector<TensorView>& v) {
+        return GatherBertMaskArgs{v[0], v[1], v[2]};
+      },
       {mask.get(), idx.get(), out.get()},
       [](const GatherBertMaskArgs& a) { return cpu::GatherBertMask(a, nullptr); },
       GatherBertMaskWorkspaceBytes, GatherBertMaskAsync, GatherBertMaskFinish);
@@ -271,7 +284,9 @@ void RunGpt(DType dtype, int64_t b, int64_t h, int64_t s, int64_t r, Layout mask
   auto mask = MakeTwin(dtype, {b, h, s, s}, mask_layout, 1, rng);
   auto out = MakeTwin(dtype, {b, h, r, r}, out_layout, 1, rng);
   Compare<SliceGptMaskArgs>(
-      [&](const std::vector<TensorView>& v) { return SliceGptMaskArgs{v[0], v[1]}; },
+      [&](const std::vector<TensorView>& v) {
+        return SliceGptMaskArgs{v[0], v[1]};
+      },
       {mask.get(), out.get()},
       [](const SliceGptMaskArgs& a) { return cpu::SliceGptMask(a, nullptr); },
       SliceGptMaskWorkspaceBytes, SliceGptMaskAsync, SliceGptMaskFinish);
@@ -281,10 +296,10 @@ TEST_F(GatherScatterMasksGpuTest, BertMaskRandom) {
   for (DType dtype : {DType::kBool, DType::kFloat16, DType::kFloat32, DType::kFloat64}) {
     for (DType index_dtype : {DType::kInt32, DType::kInt64}) {
       const int64_t mis = 1 + static_cast<int64_t>(rng_() % 15);
-      SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " misalign "
-                                        << mis);
-      RunBert({dtype, index_dtype, 3, 2, 1, 1, 40, 13, {}, {}}, rng_);       // [B,1,1,S]
-      RunBert({dtype, index_dtype, 2, 2, 3, 40, 40, 17, {}, {}}, rng_);      // [B,H,S,S]
+      SCOPED_TRACE(::testing::Message()
+                   << "dtype " << static_cast<int>(dtype) << " misalign " << mis);
+      RunBert({dtype, index_dtype, 3, 2, 1, 1, 40, 13, {}, {}}, rng_);   // [B,1,1,S]
+      RunBert({dtype, index_dtype, 2, 2, 3, 40, 40, 17, {}, {}}, rng_);  // [B,H,S,S]
       RunBert({dtype, index_dtype, 2, 1, 2, 33, 33, 33, {{0, 1, 2, 3}, mis}, {{}, (mis * 3) % 16}},
               rng_);
       // R > the 2048-column shared-memory tile: several tiles per row.

@@ -43,20 +43,20 @@ inline bool HaveDevice(std::string* reason) {
 }
 
 // In a test body or SetUp(): skip the test when there is no device.
-#define TOKENSEL_REQUIRE_GPU()                                         \
-  do {                                                                 \
-    std::string tokensel_gpu_reason_;                                  \
-    if (!::tokensel::gputest::HaveDevice(&tokensel_gpu_reason_)) {     \
-      GTEST_SKIP() << "no CUDA device: " << tokensel_gpu_reason_;      \
-    }                                                                  \
+#define TOKENSEL_REQUIRE_GPU()                                     \
+  do {                                                             \
+    std::string tokensel_gpu_reason_;                              \
+    if (!::tokensel::gputest::HaveDevice(&tokensel_gpu_reason_)) { \
+      GTEST_SKIP() << "no CUDA device: " << tokensel_gpu_reason_;  \
+    }                                                              \
   } while (false)
 
 // Records a test failure (with the CUDA error text) when `expr` fails.
-#define TOKENSEL_EXPECT_CUDA(expr)                                           \
-  do {                                                                       \
-    const cudaError_t tokensel_test_err_ = (expr);                           \
-    EXPECT_EQ(tokensel_test_err_, cudaSuccess)                               \
-        << #expr << ": " << cudaGetErrorString(tokensel_test_err_);          \
+#define TOKENSEL_EXPECT_CUDA(expr)                                  \
+  do {                                                              \
+    const cudaError_t tokensel_test_err_ = (expr);                  \
+    EXPECT_EQ(tokensel_test_err_, cudaSuccess)                      \
+        << #expr << ": " << cudaGetErrorString(tokensel_test_err_); \
   } while (false)
 
 // Owning cudaMalloc buffer (move-only).
@@ -100,8 +100,8 @@ template <typename T>
 std::vector<T> ToHost(const DeviceBuffer& d, size_t count) {
   std::vector<T> out(count);
   if (count > 0) {
-    TOKENSEL_EXPECT_CUDA(cudaMemcpy(out.data(), d.data(), count * sizeof(T),
-                                    cudaMemcpyDeviceToHost));
+    TOKENSEL_EXPECT_CUDA(
+        cudaMemcpy(out.data(), d.data(), count * sizeof(T), cudaMemcpyDeviceToHost));
   }
   return out;
 }

@@ -223,18 +223,18 @@ TEST_F(SegmentSeqlensGpuTest, RandomCrossAttentionEveryMask) {
 // NS large enough that the aggregates leave shared memory.
 TEST_F(SegmentSeqlensGpuTest, LongRowsAndManySegments) {
   std::mt19937_64 rng(3);
-  ExpectGpuMatchesCpu(RandomCase(rng, 2, 64, 300, false, AttnMaskType::kPadding,
-                                 PosStyle::kStandard),
-                      {}, "self long");
+  ExpectGpuMatchesCpu(
+      RandomCase(rng, 2, 64, 300, false, AttnMaskType::kPadding, PosStyle::kStandard), {},
+      "self long");
   for (AttnMaskType mask : kMasks) {
     ExpectGpuMatchesCpu(RandomCase(rng, 2, 48, 400, true, mask, PosStyle::kRandom), {},
                         "cross long");
     ExpectGpuMatchesCpu(RandomCase(rng, 2, 1500, 3, true, mask, PosStyle::kStriped), {},
                         "cross many segments (global aggregates)");
   }
-  ExpectGpuMatchesCpu(RandomCase(rng, 1, 20000, 2, false, AttnMaskType::kPadding,
-                                 PosStyle::kStandard),
-                      {}, "self NS=20000");
+  ExpectGpuMatchesCpu(
+      RandomCase(rng, 1, 20000, 2, false, AttnMaskType::kPadding, PosStyle::kStandard), {},
+      "self NS=20000");
 }
 
 TEST_F(SegmentSeqlensGpuTest, EmptyAndAllPadding) {
@@ -259,9 +259,15 @@ TEST_F(SegmentSeqlensGpuTest, ErrorsMatchCpuMessages) {
     const int64_t b = static_cast<int64_t>(rng() % ids.size());
     const int64_t t = static_cast<int64_t>(rng() % ids[b].size());
     switch (rng() % 5) {
-      case 0: ids[b][t] = c.ns + 1 + static_cast<int64_t>(rng() % 5); break;
-      case 1: ids[b][t] = -1; break;
-      case 2: ids[b].back() = ids[b].front() == 0 ? 1 : ids[b].front(); break;
+      case 0:
+        ids[b][t] = c.ns + 1 + static_cast<int64_t>(rng() % 5);
+        break;
+      case 1:
+        ids[b][t] = -1;
+        break;
+      case 2:
+        ids[b].back() = ids[b].front() == 0 ? 1 : ids[b].front();
+        break;
       case 3:  // a decreasing id (or an id seen earlier)
         ids[b][0] = 5;
         if (t > 0) ids[b][t] = ids[b][t - 1] == 0 ? 1 : ids[b][t - 1];

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <variant>
 
 #include "gtest/gtest.h"
 #include "server/core/service_metrics.h"
@@ -308,9 +309,11 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   sample.original_tokens = 7;
   sample.retained_tokens = 2;
   EXPECT_EQ(core::EstimateOpWork(sample), 3u * 5 * 7);
-  EXPECT_OK(core::Executor(&backend_, &registry_, nullptr, Limits(1 << 20, 105)).Run(session_, sample));
-  EXPECT_THAT(core::Executor(&backend_, &registry_, nullptr, Limits(1 << 20, 104)).Run(session_, sample),
-              StatusIs(StatusCode::kResourceExhausted, "SampleTokens: about 105 elements"));
+  EXPECT_OK(
+      core::Executor(&backend_, &registry_, nullptr, Limits(1 << 20, 105)).Run(session_, sample));
+  EXPECT_THAT(
+      core::Executor(&backend_, &registry_, nullptr, Limits(1 << 20, 104)).Run(session_, sample),
+      StatusIs(StatusCode::kResourceExhausted, "SampleTokens: about 105 elements"));
   sample.original_tokens = 0;
   sample.retained_tokens = 0;
   sample.layers = int64_t{1} << 40;  // S = 0 still costs a row each
@@ -334,8 +337,8 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   EXPECT_EQ(core::EstimateOpWork(req), 0u);
   // The mask copies count what they write.
   core::GatherBertMaskRequest bert;
-  bert.indices.shape = {2, 3, 5};                  // L, B, R
-  bert.mask.shape = {3, 4, 1, int64_t{1} << 40};   // B, H, Sq, S: S costs nothing
+  bert.indices.shape = {2, 3, 5};                 // L, B, R
+  bert.mask.shape = {3, 4, 1, int64_t{1} << 40};  // B, H, Sq, S: S costs nothing
   EXPECT_EQ(core::EstimateOpWork(bert), 2u * 3 * 5 + 2 * 3 * 5 * 4 * 5);
   core::SliceGptMaskRequest slice;
   slice.mask.shape = {3, 4, 100, 100};
@@ -375,10 +378,9 @@ class HookedBackend : public testing::ForwardingBackend {
  public:
   std::function<void()> during_run;
 
-  using ForwardingBackend::Run;
-  absl::Status Run(const kernels::GatherTokensArgs& args) override {
-    if (during_run) during_run();
-    return cpu_.Run(args);
+  absl::Status RunOp(core::OpArgs args) override {
+    if (during_run && std::holds_alternative<const kernels::GatherTokensArgs*>(args)) during_run();
+    return cpu_.RunOp(args);
   }
 };
 

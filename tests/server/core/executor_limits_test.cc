@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <variant>
 
 #include "gtest/gtest.h"
 #include "kernels/stop.h"
@@ -25,12 +26,17 @@ class ScriptedBackend : public ForwardingBackend {
   std::function<void()> after_run;
   std::atomic<int> runs{0};
 
-  uint64_t ScratchBytes(const kernels::GatherTokensArgs&) const override { return scratch; }
-  using ForwardingBackend::Run;
-  absl::Status Run(const kernels::GatherTokensArgs& args) override {
+  uint64_t OpScratchBytes(core::OpArgs args) const override {
+    if (!std::holds_alternative<const kernels::GatherTokensArgs*>(args)) {
+      return cpu_.OpScratchBytes(args);
+    }
+    return scratch;
+  }
+  absl::Status RunOp(core::OpArgs args) override {
+    if (!std::holds_alternative<const kernels::GatherTokensArgs*>(args)) return cpu_.RunOp(args);
     ++runs;
     if (during_run) during_run();
-    absl::Status status = cpu_.Run(args);
+    absl::Status status = cpu_.RunOp(args);
     if (after_run) after_run();
     return status;
   }

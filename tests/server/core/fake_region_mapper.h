@@ -9,6 +9,11 @@
 #ifndef TOKENSEL_TESTS_SERVER_CORE_FAKE_REGION_MAPPER_H_
 #define TOKENSEL_TESTS_SERVER_CORE_FAKE_REGION_MAPPER_H_
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -19,11 +24,6 @@
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -102,9 +102,9 @@ class FakeRegionMapper : public core::RegionMapper {
       absl::MutexLock lock(&mu_);
       for (const auto& [name, candidate] : objects_) {
         struct stat st;
-        const bool match = inode != 0 ? fstat(candidate->identity.get(), &st) == 0 &&
-                                            st.st_ino == inode
-                                      : name == handle;
+        const bool match = inode != 0
+                               ? fstat(candidate->identity.get(), &st) == 0 && st.st_ino == inode
+                               : name == handle;
         if (match) object = candidate;
       }
       if (object == nullptr) return absl::NotFoundError("no such object");
@@ -129,8 +129,8 @@ class FakeRegionMapper : public core::RegionMapper {
 
   class Region : public core::MappedRegion {
    public:
-    Region(std::shared_ptr<Object> object, uint64_t offset, uint64_t size,
-           core::MemoryKind kind, std::shared_ptr<std::atomic<int>> live)
+    Region(std::shared_ptr<Object> object, uint64_t offset, uint64_t size, core::MemoryKind kind,
+           std::shared_ptr<std::atomic<int>> live)
         : object_(std::move(object)), offset_(offset), size_(size), kind_(kind), live_(live) {
       ++*live_;
     }

@@ -47,8 +47,9 @@ bool IsOpen(int fd) { return fcntl(fd, F_GETFD) >= 0; }
 class FdTicketsTest : public ::testing::Test {
  protected:
   FdTicketsTest()
-      : sessions_(SessionLimits(), [this](const std::string& id) { tickets_.DropSession(id); },
-                  nullptr, [this] { return now_; }),
+      : sessions_(
+            SessionLimits(), [this](const std::string& id) { tickets_.DropSession(id); }, nullptr,
+            [this] { return now_; }),
         tickets_(&sessions_, &mapper_, Limits(), [this] { return now_; }) {
     alice_session_ = sessions_.Open("a", absl::ZeroDuration(), alice_)->id;
   }
@@ -96,7 +97,7 @@ TEST_F(FdTicketsTest, OnlyTheSessionsOwnerMayHandOverDescriptors) {
   const int raw = fd.get();
   EXPECT_THAT(tickets_.Receive(bob_, alice_session_, FdKind::kHostMemory, std::move(fd)),
               StatusIs(absl::StatusCode::kPermissionDenied, "another peer"));
-  EXPECT_FALSE(IsOpen(raw));  // closed on the error path
+  EXPECT_FALSE(IsOpen(raw));        // closed on the error path
   EXPECT_EQ(mapper_.inspected, 0);  // refused before looking at the descriptor
   EXPECT_THAT(tickets_.Receive(alice_, "0123", FdKind::kHostMemory, Memfd(64)),
               StatusIs(absl::StatusCode::kNotFound));
@@ -130,9 +131,9 @@ TEST_F(FdTicketsTest, HeldDescriptorsAreBoundedPerSessionAndInAll) {
               StatusIs(absl::StatusCode::kResourceExhausted, "limit per session is 2"));
   EXPECT_FALSE(IsOpen(raw));
   ASSERT_OK(tickets_.Receive(bob_, bob_session, FdKind::kHostMemory, Memfd(8)));
-  EXPECT_THAT(tickets_.Receive(Peer::Unix(1002, 1, 1), carol_session, FdKind::kHostMemory,
-                               Memfd(8)),
-              StatusIs(absl::StatusCode::kResourceExhausted, "the limit is 3"));
+  EXPECT_THAT(
+      tickets_.Receive(Peer::Unix(1002, 1, 1), carol_session, FdKind::kHostMemory, Memfd(8)),
+      StatusIs(absl::StatusCode::kResourceExhausted, "the limit is 3"));
   EXPECT_EQ(tickets_.pending(), 3u);
 }
 

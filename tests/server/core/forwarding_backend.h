@@ -17,6 +17,7 @@ class ForwardingBackend : public core::Backend {
   explicit ForwardingBackend(int threads = 1) : cpu_(threads) {}
 
   absl::string_view name() const override { return cpu_.name(); }
+  core::IpcEventSupport ipc_events() const override { return cpu_.ipc_events(); }
   bool CanAccess(core::MemoryKind kind) const override { return cpu_.CanAccess(kind); }
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override {
     return cpu_.AllocateStaging(bytes);
@@ -27,18 +28,8 @@ class ForwardingBackend : public core::Backend {
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override {
     return cpu_.CopyFromStaging(dst, src, bytes);
   }
-#define TOKENSEL_FORWARD(Op)                                                    \
-  absl::Status Run(const kernels::Op##Args& a) override { return cpu_.Run(a); } \
-  uint64_t ScratchBytes(const kernels::Op##Args& a) const override { return cpu_.ScratchBytes(a); }
-  TOKENSEL_FORWARD(SortTokens)
-  TOKENSEL_FORWARD(GatherTokens)
-  TOKENSEL_FORWARD(ScatterTokens)
-  TOKENSEL_FORWARD(GatherBertMask)
-  TOKENSEL_FORWARD(SliceGptMask)
-  TOKENSEL_FORWARD(SegmentSeqlens)
-  TOKENSEL_FORWARD(SampleTokens)
-  TOKENSEL_FORWARD(TopKTokens)
-#undef TOKENSEL_FORWARD
+  absl::Status RunOp(core::OpArgs args) override { return cpu_.RunOp(args); }
+  uint64_t OpScratchBytes(core::OpArgs args) const override { return cpu_.OpScratchBytes(args); }
 
  protected:
   backends::CpuBackend cpu_;

@@ -22,7 +22,7 @@ TEST(MemoryBudgetTest, ARequestIsBoundedAloneAndAllTogether) {
   EXPECT_THAT(a.Grow(201, "staging for out"),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        "staging for out: needs 201 bytes of server memory (400 already held"));
-  EXPECT_EQ(a.bytes(), 400u);  // a refused Grow reserves nothing
+  EXPECT_EQ(a.bytes(), 400u);   // a refused Grow reserves nothing
   ASSERT_OK(a.Grow(200, "a"));  // exactly the per-request bound
   MemoryBudget::Reservation b = budget.Open();
   EXPECT_THAT(b.Grow(401, "scratch of TopKTokens"),

@@ -342,9 +342,8 @@ TEST(RegionTest, HostShmByNameIsRefusedCudaIpcConvertsAndSourceIsRequired) {
   req.mutable_host_shm()->set_offset(4096);
   req.mutable_host_shm()->set_size(1 << 20);
   // The server would open it with its own rights: never.
-  EXPECT_THAT(RegionFromProto(req),
-              StatusIs(absl::StatusCode::kPermissionDenied,
-                       "host_shm: registration by name is refused"));
+  EXPECT_THAT(RegionFromProto(req), StatusIs(absl::StatusCode::kPermissionDenied,
+                                             "host_shm: registration by name is refused"));
   absl::StatusOr<core::RegionSpec> spec;
   req.mutable_fd()->set_ticket("0123");  // redeemed by the handler, not here
   EXPECT_THAT(RegionFromProto(req), StatusIs(absl::StatusCode::kInvalidArgument, "fd"));
@@ -411,7 +410,7 @@ TEST(InfoTest, BufferAndServerInfo) {
   EXPECT_EQ(b.size(), 4096u);
   EXPECT_TRUE(b.sealed());
 
-  ServerDescription d;
+  core::ServerDescription d;
   d.version = "1.2.3";
   d.backend = "cuda";
   d.devices.push_back({1, "GPU-abc", "H100", 90, 80ull << 30});

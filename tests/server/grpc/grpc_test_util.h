@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "server/grpc/server.h"
+#include "server/app/server.h"
 #include "tokensel/v1/tokensel.grpc.pb.h"
 
 namespace tokensel::server::testing {

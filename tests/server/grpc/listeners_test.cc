@@ -1,5 +1,4 @@
 #include "server/grpc/listeners.h"
-#include "server/grpc/unix_socket.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/grpc/unix_socket.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::server {
@@ -117,9 +117,9 @@ TEST(ResolveGroupTest, NamesAndNumericGids) {
   ASSERT_OK(numeric);
   EXPECT_EQ(*numeric, 4242u);
   EXPECT_THAT(ResolveGroup(""), StatusIs(absl::StatusCode::kInvalidArgument, "empty group"));
-  EXPECT_THAT(ResolveGroup("tokensel-no-such-group"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "no group named 'tokensel-no-such-group'"));
+  EXPECT_THAT(
+      ResolveGroup("tokensel-no-such-group"),
+      StatusIs(absl::StatusCode::kInvalidArgument, "no group named 'tokensel-no-such-group'"));
 }
 
 }  // namespace

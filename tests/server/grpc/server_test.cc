@@ -15,8 +15,8 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "tests/server/grpc/grpc_test_util.h"
-#include "tokensel/client/fd_channel.h"
 #include "tests/testing/status_matchers.h"
+#include "tokensel/client/fd_channel.h"
 
 namespace tokensel::server {
 namespace {
@@ -171,8 +171,8 @@ TEST(ServerTest, BadOpInputIsInvalidArgumentAndNothingBreaks) {
   const GatherCase bad({0, 9, 1, 1});  // 9 >= S = 5
   auto ctx = InProcessServer::Context(session);
   v1::OpResponse response;
-  const absl::Status status = ToAbsl(s->stub().GatherTokens(ctx.get(), bad.InlineRequest(),
-                                                            &response));
+  const absl::Status status =
+      ToAbsl(s->stub().GatherTokens(ctx.get(), bad.InlineRequest(), &response));
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, "indices"));
   EXPECT_EQ(response.outputs_size(), 0);
   const GatherCase good({1, 2, 3, 4});
@@ -183,7 +183,8 @@ TEST(ServerTest, BadOpInputIsInvalidArgumentAndNothingBreaks) {
 // A POSIX shm object under the server's prefix, unlinked when destroyed.
 class ShmObject {
  public:
-  explicit ShmObject(size_t size) : name_(absl::StrCat("/tokensel-s3test-", ::getpid())), size_(size) {
+  explicit ShmObject(size_t size)
+      : name_(absl::StrCat("/tokensel-s3test-", ::getpid())), size_(size) {
     fd_ = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     EXPECT_GE(fd_, 0) << std::strerror(errno);
     EXPECT_EQ(::ftruncate(fd_, static_cast<off_t>(size)), 0);
@@ -339,8 +340,7 @@ TEST(ServerTest, HealthAndReflection) {
   absl::StatusOr<int> service = HealthCheck(s->channel(), "tokensel.v1.TokenSelect");
   ASSERT_OK(service);
   EXPECT_EQ(*service, kServing);
-  EXPECT_THAT(HealthCheck(s->channel(), "no.such.Service"),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(HealthCheck(s->channel(), "no.such.Service"), StatusIs(absl::StatusCode::kNotFound));
 
   absl::StatusOr<std::vector<std::string>> services = ReflectionListServices(s->channel());
   ASSERT_OK(services);

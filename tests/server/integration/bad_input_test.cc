@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "tests/server/integration/fixture.h"
-#include "tokensel/client/fd_channel.h"
 #include "tests/testing/http_get.h"
+#include "tokensel/client/fd_channel.h"
 
 namespace tokensel::itest {
 namespace {
@@ -38,8 +38,10 @@ class BadInputTest : public ServerFixture {
   };
   Gather ValidGather() {
     Arena a(kArenaBytes);
-    Gather g{a.Place(DType::kFloat32, {2, 16, 8}), a.Place(DType::kInt32, {2, 5}),
-             a.Place(DType::kFloat32, {2, 5, 8}), {}};
+    Gather g{a.Place(DType::kFloat32, {2, 16, 8}),
+             a.Place(DType::kInt32, {2, 5}),
+             a.Place(DType::kFloat32, {2, 5, 8}),
+             {}};
     FillIndices(g.idx.View(shm_.data()), 16, false, rng_);
     *g.req.mutable_activations() = g.act.Ref("arena");
     *g.req.mutable_indices() = g.idx.Ref("arena");
@@ -91,8 +93,7 @@ TEST_F(BadInputTest, ViewPastTheBufferIsOutOfRange) {
 
 TEST_F(BadInputTest, ViewOffsetOverflowIsOutOfRange) {
   Gather g = ValidGather();
-  g.req.mutable_out()->mutable_buffer()->set_byte_offset(std::numeric_limits<uint64_t>::max() -
-                                                         16);
+  g.req.mutable_out()->mutable_buffer()->set_byte_offset(std::numeric_limits<uint64_t>::max() - 16);
   ExpectRejected(&Stub::GatherTokens, g.req, Code::kOutOfRange, {"out", "byte_offset"});
 }
 
@@ -103,10 +104,9 @@ TEST_F(BadInputTest, RegionPastTheShmObjectIsOutOfRange) {
 }
 
 TEST_F(BadInputTest, RegionOffsetOverflowIsOutOfRange) {
-  EXPECT_THAT(RegisterShm("overflow", shm_.name(), std::numeric_limits<uint64_t>::max() - 100,
-                          4096),
-              StatusIs(Code::kOutOfRange, AllOf(HasSubstr("fd.offset"),
-                                                HasSubstr("overflow"))));
+  EXPECT_THAT(
+      RegisterShm("overflow", shm_.name(), std::numeric_limits<uint64_t>::max() - 100, 4096),
+      StatusIs(Code::kOutOfRange, AllOf(HasSubstr("fd.offset"), HasSubstr("overflow"))));
   ExpectStillServes();
 }
 
@@ -121,8 +121,7 @@ TEST_F(BadInputTest, StridesExceedingTheBufferAreOutOfRange) {
 TEST_F(BadInputTest, NegativeDimIsInvalid) {
   Gather g = ValidGather();
   g.req.mutable_activations()->set_shape(1, -16);
-  ExpectRejected(&Stub::GatherTokens, g.req, Code::kInvalidArgument,
-                 {"activations", "negative"});
+  ExpectRejected(&Stub::GatherTokens, g.req, Code::kInvalidArgument, {"activations", "negative"});
 }
 
 TEST_F(BadInputTest, ZeroRetainedTokensIsInvalid) {
@@ -217,8 +216,8 @@ TEST_F(BadInputTest, DescriptorsThatAreNotSharedMemoryAreRefusedOnArrival) {
 TEST_F(BadInputTest, ATicketServesOnlyItsSessionAndOnlyOnce) {
   const int fd = shm_open(shm_.name().c_str(), O_RDWR | O_CLOEXEC, 0);
   ASSERT_GE(fd, 0);
-  absl::StatusOr<v1::FdChannelReply> reply = client::SendFd(
-      server_->fd_channel_path(), client_->session(), v1::FD_KIND_HOST_MEMORY, fd);
+  absl::StatusOr<v1::FdChannelReply> reply =
+      client::SendFd(server_->fd_channel_path(), client_->session(), v1::FD_KIND_HOST_MEMORY, fd);
   close(fd);
   ASSERT_OK(reply);
   v1::RegisterBufferRequest req;
@@ -298,7 +297,7 @@ TEST_F(BadInputTest, UnregisterWhileInUseIsDeferred) {
     ASSERT_OK(unregistered);
     std::fprintf(stderr, "attempt %d: unregister %s the op, op: %s\n", attempt,
                  raced ? "during" : "after", op_status.ToString().c_str());
-    if (!raced) continue;  // the op had already finished: inconclusive
+    if (!raced) continue;                               // the op had already finished: inconclusive
     if (op_status.code() == Code::kNotFound) continue;  // not yet resolved: inconclusive
     ASSERT_OK(op_status) << "an op in flight failed because its buffer was unregistered";
     EXPECT_EQ(0, std::memcmp(expect.data(), big->data() + out.offset, expect.size()));
@@ -307,8 +306,7 @@ TEST_F(BadInputTest, UnregisterWhileInUseIsDeferred) {
   EXPECT_TRUE(proven) << "never managed to unregister while the op was in flight";
   // The name is gone now.
   v1::OpResponse resp;
-  EXPECT_THAT(client_->Call(&Stub::GatherTokens, req, &resp),
-              StatusIs(Code::kNotFound, "big"));
+  EXPECT_THAT(client_->Call(&Stub::GatherTokens, req, &resp), StatusIs(Code::kNotFound, "big"));
   ExpectStillServes();
 }
 

@@ -142,7 +142,8 @@ const v1::Tensor* FindOutput(const v1::OpResponse& response, const std::string& 
 // ----------------------------------------------------------------- client --
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline)
-    : channel_(std::move(channel)), stub_(v1::TokenSelect::NewStub(channel_)),
+    : channel_(std::move(channel)),
+      stub_(v1::TokenSelect::NewStub(channel_)),
       deadline_(deadline) {}
 
 absl::Status Client::Open(uint64_t lease_ttl_ms) {
@@ -170,7 +171,8 @@ absl::StatusOr<v1::BufferInfo> Client::Register(const std::string& name,
                                                 const std::string& shm_name, uint64_t offset,
                                                 uint64_t size) const {
   const int fd = shm_open(shm_name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("shm_open ", shm_name, ": ", strerror(errno)));
+  if (fd < 0)
+    return absl::NotFoundError(absl::StrCat("shm_open ", shm_name, ": ", strerror(errno)));
   absl::StatusOr<v1::FdChannelReply> reply =
       client::SendFd(fd_channel_, session_, v1::FD_KIND_HOST_MEMORY, fd);
   ::close(fd);

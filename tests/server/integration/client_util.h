@@ -110,8 +110,8 @@ class Client {
   std::unique_ptr<grpc::ClientContext> Context() const;
 
   template <typename Req, typename Resp>
-  absl::Status Call(grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*,
-                                                                  const Req&, Resp*),
+  absl::Status Call(grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                                  Resp*),
                     const Req& request, Resp* response) const {
     auto ctx = Context();
     return ToAbsl((stub_.get()->*method)(ctx.get(), request, response));

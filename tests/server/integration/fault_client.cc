@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
     absl::Status s = CheckResponse(
         (*stream)->Call(Registration(++request_id, region->RegisterRequest("in", 0, half))));
     if (s.ok()) {
-      s = CheckResponse((*stream)->Call(Registration(
-          ++request_id, region->RegisterRequest("out", half, region->size() - half))));
+      s = CheckResponse((*stream)->Call(
+          Registration(++request_id, region->RegisterRequest("out", half, region->size() - half))));
     }
     if (!s.ok()) return Fail(s);
   }

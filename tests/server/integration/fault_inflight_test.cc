@@ -22,10 +22,10 @@
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/server/integration/client_util.h"
 #include "tests/server/integration/fault_util.h"
-#include "tests/server/integration/protos/health.grpc.pb.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/shm_region.h"
 #include "tests/testing/status_matchers.h"

@@ -123,10 +123,11 @@ TEST_F(LimitsTest, OpAboveMaxOpElementsIsResourceExhaustedBeforeItRuns) {
   sample.set_original_tokens((int64_t{1} << 31) - 1);
   sample.set_retained_tokens(1);
   v1::OpResponse resp;
-  EXPECT_THAT(client_->Call(&Stub::SampleTokens, sample, &resp),
-              StatusIs(Code::kResourceExhausted,
-                       "SampleTokens: about 2147483647 elements of work (what it reads and writes), "
-                       "above the per-op limit of 1000000 (--max_op_elements)"));
+  EXPECT_THAT(
+      client_->Call(&Stub::SampleTokens, sample, &resp),
+      StatusIs(Code::kResourceExhausted,
+               "SampleTokens: about 2147483647 elements of work (what it reads and writes), "
+               "above the per-op limit of 1000000 (--max_op_elements)"));
   // A zero-strided view: 4 bytes of the buffer, rows of 2^40 channels.
   Arena a(kArenaBytes);
   const Placed idx = a.Place(DType::kInt32, {1, 2});

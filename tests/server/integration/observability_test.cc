@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "google/protobuf/descriptor.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/server/integration/fixture.h"
-#include "tests/server/integration/protos/health.grpc.pb.h"
 #include "tests/server/integration/protos/reflection.grpc.pb.h"
 #include "tests/testing/http_get.h"
 

@@ -26,8 +26,8 @@ class OpsTest : public ServerFixture, public ::testing::WithParamInterface<Trans
   // Whole-region comparison with the oracle; names the first differing byte.
   void ExpectShmEquals(const std::vector<uint8_t>& oracle) const {
     const auto [a, b] = std::mismatch(oracle.begin(), oracle.end(), shm_.data());
-    EXPECT_EQ(a, oracle.end()) << "first difference at byte " << (a - oracle.begin())
-                               << ": oracle " << int{*a} << ", server wrote " << int{*b};
+    EXPECT_EQ(a, oracle.end()) << "first difference at byte " << (a - oracle.begin()) << ": oracle "
+                               << int{*a} << ", server wrote " << int{*b};
   }
   // An inline output equals the oracle's tensor (dtype, shape, packed bytes).
   static void ExpectInline(const v1::OpResponse& resp, const std::string& name, const Placed& want,
@@ -120,9 +120,9 @@ TEST_P(OpsByReferenceTest, GatherTokensByReference) {
     FillIndices(idx.View(shm_.data()), kS, /*unique=*/false, rng_);
     const auto oracle_before = Snapshot();
     auto oracle = oracle_before;
-    ASSERT_OK(kernels::cpu::GatherTokens({act.View(oracle.data()), idx.View(oracle.data()),
-                                          out.View(oracle.data()), batch_first},
-                                         nullptr));
+    ASSERT_OK(kernels::cpu::GatherTokens(
+        {act.View(oracle.data()), idx.View(oracle.data()), out.View(oracle.data()), batch_first},
+        nullptr));
     ASSERT_NE(oracle, oracle_before) << "the oracle wrote nothing: test bug";
     v1::GatherTokensRequest req;
     *req.mutable_activations() = act.Ref("arena");
@@ -185,8 +185,7 @@ TEST_P(OpsByReferenceTest, ScatterTokensInlineSources) {
   auto oracle = Snapshot();
   // The oracle reads the local layer/indices and writes the oracle copy.
   ASSERT_OK(kernels::cpu::ScatterTokens(
-      {all.View(oracle.data()), layer.View(local.data()), idx.View(local.data()), false},
-      nullptr));
+      {all.View(oracle.data()), layer.View(local.data()), idx.View(local.data()), false}, nullptr));
   v1::ScatterTokensRequest req;
   *req.mutable_all() = all.Ref("arena");
   *req.mutable_layer() = Inline(layer, local);
@@ -238,8 +237,8 @@ TEST_P(OpsByReferenceTest, SliceGptMaskByReference) {
   const Placed mask = a.Place(DType::kFloat32, {2, 2, 12, 12}, {.pad = {0, 0, 1, 0}});
   const Placed out = a.Place(DType::kFloat32, {2, 2, 5, 5});
   auto oracle = Snapshot();
-  ASSERT_OK(kernels::cpu::SliceGptMask({mask.View(oracle.data()), out.View(oracle.data())},
-                                       nullptr));
+  ASSERT_OK(
+      kernels::cpu::SliceGptMask({mask.View(oracle.data()), out.View(oracle.data())}, nullptr));
   v1::SliceGptMaskRequest req;
   *req.mutable_mask() = mask.Ref("arena");
   *req.mutable_out() = out.Ref("arena");
@@ -257,8 +256,7 @@ TEST_P(OpsTest, SliceGptMaskInline) {
   *req.mutable_mask() = Inline(mask, local);
   req.set_retained_tokens(4);
   *req.mutable_out() = InlineOutput();
-  ASSERT_OK(
-      kernels::cpu::SliceGptMask({mask.View(local.data()), out.View(local.data())}, nullptr));
+  ASSERT_OK(kernels::cpu::SliceGptMask({mask.View(local.data()), out.View(local.data())}, nullptr));
   v1::OpResponse resp;
   ASSERT_OK(client_->Call(&Stub::SliceGptMask, req, &resp));
   ExpectInline(resp, "out", out, local);
@@ -315,8 +313,8 @@ TEST_P(OpsTest, SegmentSeqlensCrossAttentionInline) {
   args.max_segments = kNS;
   args.mask = kernels::AttnMaskType::kPadding;
   args.q = {q[0].View(local.data()), q[1].View(local.data()), std::nullopt};
-  args.kv = kernels::SegmentSeqlensSide{kv[0].View(local.data()), kv[1].View(local.data()),
-                                        std::nullopt};
+  args.kv =
+      kernels::SegmentSeqlensSide{kv[0].View(local.data()), kv[1].View(local.data()), std::nullopt};
   ASSERT_OK(kernels::cpu::SegmentSeqlens(args, nullptr));
   v1::SegmentSeqlensRequest req;
   *req.mutable_segment_ids_q() = Inline(qids, local);
@@ -343,9 +341,17 @@ TEST_P(OpsByReferenceTest, SampleTokensByReference) {
   const Placed mask = a.Place(DType::kUInt8, {kB, kH, 1, kS});
   const Placed bert = a.Place(DType::kUInt8, {kL, kB, kH, kR, kR});
   auto oracle = Snapshot();
-  kernels::SampleTokensArgs args{kL, kB, kS, kR, 777, 41, ids.View(oracle.data()),
-                                 inv.View(oracle.data()), mask.View(oracle.data()),
-                                 bert.View(oracle.data()), std::nullopt};
+  kernels::SampleTokensArgs args{kL,
+                                 kB,
+                                 kS,
+                                 kR,
+                                 777,
+                                 41,
+                                 ids.View(oracle.data()),
+                                 inv.View(oracle.data()),
+                                 mask.View(oracle.data()),
+                                 bert.View(oracle.data()),
+                                 std::nullopt};
   ASSERT_OK(kernels::cpu::SampleTokens(args, nullptr));
   v1::SampleTokensRequest req;
   req.set_layers(kL);
@@ -369,8 +375,8 @@ TEST_P(OpsTest, SampleTokensInline) {
   const int64_t kL = 3, kB = 2, kS = 33, kR = 9;
   const Placed ids = a.Place(DType::kInt32, {kL, kB, kR});
   const Placed inv = a.Place(DType::kInt32, {kL, kB, kS});
-  kernels::SampleTokensArgs args{kL, kB, kS, kR, 5, 6, ids.View(local.data()),
-                                 inv.View(local.data())};
+  kernels::SampleTokensArgs args{
+      kL, kB, kS, kR, 5, 6, ids.View(local.data()), inv.View(local.data())};
   ASSERT_OK(kernels::cpu::SampleTokens(args, nullptr));
   v1::SampleTokensRequest req;
   req.set_layers(kL);
@@ -391,8 +397,8 @@ TEST_P(OpsByReferenceTest, TopKTokensByReference) {
   const Placed scores = a.Place(DType::kFloat32, {4, 64}, {.pad = {0, 2}});
   const Placed ids = a.Place(DType::kInt64, {4, 10});
   auto oracle = Snapshot();
-  ASSERT_OK(kernels::cpu::TopKTokens({scores.View(oracle.data()), ids.View(oracle.data())},
-                                     nullptr));
+  ASSERT_OK(
+      kernels::cpu::TopKTokens({scores.View(oracle.data()), ids.View(oracle.data())}, nullptr));
   v1::TopKTokensRequest req;
   *req.mutable_scores() = scores.Ref("arena");
   req.set_retained_tokens(10);
@@ -407,8 +413,7 @@ TEST_P(OpsTest, TopKTokensInline) {
   Arena a(local.size());
   const Placed scores = a.Place(DType::kBFloat16, {3, 33});
   const Placed ids = a.Place(DType::kInt32, {3, 8});
-  ASSERT_OK(kernels::cpu::TopKTokens({scores.View(local.data()), ids.View(local.data())},
-                                     nullptr));
+  ASSERT_OK(kernels::cpu::TopKTokens({scores.View(local.data()), ids.View(local.data())}, nullptr));
   v1::TopKTokensRequest req;
   *req.mutable_scores() = Inline(scores, local);
   req.set_retained_tokens(8);  // `ids` absent: inline int32

@@ -51,10 +51,10 @@ TEST_F(PipelineTest, RandomLtdLayerStepInTwoExecutes) {
 
   auto oracle = Snapshot();
   uint8_t* o = oracle.data();
-  ASSERT_OK(kernels::cpu::SampleTokens(
-      {1, kB, kS, kR, /*seed=*/99, /*step=*/7, ids.View(o)}, nullptr));
-  ASSERT_OK(kernels::cpu::GatherTokens({acts.View(o), ids_br.View(o), gathered.View(o), true},
-                                       nullptr));
+  ASSERT_OK(
+      kernels::cpu::SampleTokens({1, kB, kS, kR, /*seed=*/99, /*step=*/7, ids.View(o)}, nullptr));
+  ASSERT_OK(
+      kernels::cpu::GatherTokens({acts.View(o), ids_br.View(o), gathered.View(o), true}, nullptr));
 
   v1::ExecuteRequest forward;
   auto* sample = forward.add_ops()->mutable_sample_tokens();
@@ -77,8 +77,8 @@ TEST_F(PipelineTest, RandomLtdLayerStepInTwoExecutes) {
 
   StandInLayer(gathered.View(shm_.data()));
   StandInLayer(gathered.View(o));
-  ASSERT_OK(kernels::cpu::ScatterTokens({acts.View(o), gathered.View(o), ids_br.View(o), true},
-                                        nullptr));
+  ASSERT_OK(
+      kernels::cpu::ScatterTokens({acts.View(o), gathered.View(o), ids_br.View(o), true}, nullptr));
   ASSERT_OK(kernels::cpu::GatherBertMask({mask.View(o), ids.View(o), bert.View(o)}, nullptr));
 
   v1::ExecuteRequest backward;
@@ -142,9 +142,11 @@ TEST_F(PipelineTest, ThdBatchPackedSeqlens) {
   ASSERT_OK(client_->Call(&Stub::Execute, req, &resp));
   ASSERT_EQ(resp.results_size(), 2);
   EXPECT_TRUE(ShmEquals(oracle));
-  const std::vector<std::pair<std::string, const Placed*>> outputs = {
-      {"q_seqlen", &seqlen},         {"q_offset", &offset},         {"q_packed_seqlens", &pseq},
-      {"q_packed_offsets", &poff}, {"q_cu_seqlens", &cu}};
+  const std::vector<std::pair<std::string, const Placed*>> outputs = {{"q_seqlen", &seqlen},
+                                                                      {"q_offset", &offset},
+                                                                      {"q_packed_seqlens", &pseq},
+                                                                      {"q_packed_offsets", &poff},
+                                                                      {"q_cu_seqlens", &cu}};
   for (const auto& [name, placed] : outputs) {
     const v1::Tensor* t = FindOutput(resp.results(1), name);
     ASSERT_NE(t, nullptr) << name;
@@ -169,9 +171,9 @@ TEST_F(PipelineTest, StreamWith200RequestsInFlight) {
     FillIndices(ix.View(local.data()), kS, false, rng_);
     if (i == kBad) kernels::StoreIndex(ix.View(local.data()), 3, kS + 5);
     requests[i].set_request_id(1000 + i);
-    v1::GatherTokensRequest* g = i % 2 == 0
-        ? requests[i].mutable_op()->mutable_gather_tokens()
-        : requests[i].mutable_execute()->add_ops()->mutable_gather_tokens();
+    v1::GatherTokensRequest* g =
+        i % 2 == 0 ? requests[i].mutable_op()->mutable_gather_tokens()
+                   : requests[i].mutable_execute()->add_ops()->mutable_gather_tokens();
     *g->mutable_activations() = acts.Ref("arena");
     *g->mutable_indices() = InlineTensor(ix.dtype, ix.shape, ix.PackedBytes(local.data()));
     g->set_batch_first(true);

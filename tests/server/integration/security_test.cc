@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "tests/server/integration/fixture.h"
-#include "tests/server/integration/protos/health.grpc.pb.h"
 #include "tests/server/integration/test_pki.h"
 
 namespace tokensel::itest {
@@ -118,7 +118,8 @@ TEST_F(SecurityTest, RightTokenOverTlsServesOpsAndHealth) {
   // memory, and the unix client's session is not the TLS peer's to use).
   v1::SortTokensRequest sort;
   sort.set_original_tokens(4);
-  *sort.mutable_ids() = InlineTensor(DType::kInt32, {1, 4}, std::string("\3\0\0\0\1\0\0\0\2\0\0\0\0\0\0\0", 16));
+  *sort.mutable_ids() =
+      InlineTensor(DType::kInt32, {1, 4}, std::string("\3\0\0\0\1\0\0\0\2\0\0\0\0\0\0\0", 16));
   v1::OpResponse sorted;
   ASSERT_OK(tls.Call(&Stub::SortTokens, sort, &sorted));
   ASSERT_EQ(sorted.outputs_size(), 1);

@@ -22,8 +22,8 @@ TEST_F(ShutdownTest, SigtermWhileLargeGathersAreInFlight) {
   StartServer({.extra_args = {"--max_inflight=64"}});
   constexpr int kThreads = 8;
   constexpr int64_t kS = 4096, kC = 1024, kR = 2048;  // 16 MiB in, 8 MiB out per call
-  const uint64_t big_bytes = uint64_t{kS} * kC * 4 + kThreads * (uint64_t{kR} * kC * 4 + 4096) +
-                             (1 << 20);
+  const uint64_t big_bytes =
+      uint64_t{kS} * kC * 4 + kThreads * (uint64_t{kR} * kC * 4 + 4096) + (1 << 20);
   auto big = TestShm::Create(server_->shm_prefix() + "big", big_bytes);
   ASSERT_OK(big);
   ASSERT_OK(client_->Register("big", big->name(), 0, big->size()));

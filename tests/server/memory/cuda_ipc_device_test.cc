@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "common/gpu_uuid.h"
 #include "gtest/gtest.h"
 #include "server/memory/cuda_ipc_mapper.h"
 #include "tests/testing/status_matchers.h"
@@ -27,8 +28,8 @@ using ::absl::StatusCode;
 using ::tokensel::testing::StatusIs;
 
 constexpr char kExporterEnv[] = "TOKENSEL_CUDA_IPC_EXPORTER";
-constexpr int kReplyFd = 3;   // exporter -> test: "<hex handle> <uuid>\n"
-constexpr int kHoldFd = 4;    // test -> exporter: EOF means "free and exit"
+constexpr int kReplyFd = 3;  // exporter -> test: "<hex handle> <uuid>\n"
+constexpr int kHoldFd = 4;   // test -> exporter: EOF means "free and exit"
 constexpr size_t kAllocBytes = size_t{1} << 20;
 constexpr size_t kMarkerOffset = 4096;
 
@@ -39,16 +40,6 @@ bool HaveDevice() {
     return false;
   }
   return count > 0;
-}
-
-std::string Uuid(const cudaUUID_t& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  char buf[64];
-  std::snprintf(buf, sizeof(buf),
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
-  return buf;
 }
 
 // The exporter side; a no-op unless this process was started by Exporter.
@@ -71,8 +62,8 @@ TEST(CudaIpcExporter, Export) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, device), cudaSuccess);
   const std::string line =
-      absl::StrCat(absl::BytesToHexString(absl::string_view(handle.reserved, sizeof(handle))),
-                   " ", Uuid(prop.uuid), "\n");
+      absl::StrCat(absl::BytesToHexString(absl::string_view(handle.reserved, sizeof(handle))), " ",
+                   FormatGpuUuid(prop.uuid.bytes), "\n");
   ASSERT_EQ(write(kReplyFd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
   close(kReplyFd);
   char c;
@@ -191,7 +182,7 @@ TEST(CudaIpcDeviceTest, GarbageHandleIsRejected) {
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   CudaIpcMapper mapper;
   const std::string garbage(kCudaIpcHandleBytes, '\x11');
-  auto result = mapper.Map(core::CudaIpcSpec{garbage, Uuid(prop.uuid), 0, 16});
+  auto result = mapper.Map(core::CudaIpcSpec{garbage, FormatGpuUuid(prop.uuid.bytes), 0, 16});
   EXPECT_FALSE(result.ok());
   EXPECT_TRUE(result.status().code() == StatusCode::kInvalidArgument ||
               result.status().code() == StatusCode::kInternal)

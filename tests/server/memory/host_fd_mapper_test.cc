@@ -64,8 +64,8 @@ class Memfd {
 };
 
 core::FdRegionSpec SpecOf(int fd, uint64_t offset, uint64_t size) {
-  return core::FdRegionSpec{std::make_shared<const UniqueFd>(fd), core::FdKind::kHostMemory,
-                            offset, size};
+  return core::FdRegionSpec{std::make_shared<const UniqueFd>(fd), core::FdKind::kHostMemory, offset,
+                            size};
 }
 
 std::unique_ptr<HostFdMapper> NewMapper() {
@@ -178,7 +178,7 @@ TEST(HostFdMapperTest, BoundsAreCheckedAgainstTheObjectAsItIsNow) {
               StatusIs(StatusCode::kOutOfRange, "overflows"));
   EXPECT_THAT(mapper->Map(object.Spec(kPage, kPage + 1)),
               StatusIs(StatusCode::kOutOfRange, "exceeds the object's size (8192"));
-  EXPECT_OK(mapper->Map(object.Spec(kPage, kPage)).status());  // exactly to the end
+  EXPECT_OK(mapper->Map(object.Spec(kPage, kPage)).status());       // exactly to the end
   ASSERT_EQ(ftruncate(object.fd(), static_cast<off_t>(kPage)), 0);  // shrunk since received
   EXPECT_THAT(mapper->Map(object.Spec(kPage, 1)), StatusIs(StatusCode::kOutOfRange));
 }

@@ -106,20 +106,25 @@ TEST(ServiceMetricsTest, ObserveOpMovesCountSumBucketsAndBytes) {
   EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_count" + gather), 2);
   EXPECT_NEAR(Value(text, "tokensel_op_duration_seconds_sum" + gather), 2.03e-3, 1e-12);
   // Cumulative buckets: 30 us lands in le=5e-05, 2 ms in le=0.0025.
-  EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                        "le=\"2.5e-05\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
+                  "le=\"2.5e-05\"}"),
             0);
-  EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                        "le=\"5e-05\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
+                  "le=\"5e-05\"}"),
             1);
-  EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                        "le=\"0.001\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
+                  "le=\"0.001\"}"),
             1);
-  EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                        "le=\"0.0025\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
+                  "le=\"0.0025\"}"),
             2);
-  EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"SortTokens\","
-                        "le=\"1e-05\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"SortTokens\","
+                  "le=\"1e-05\"}"),
             1);
   EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"GatherTokens\"}"), 1024);
   EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"SortTokens\"}"), 8);
@@ -141,8 +146,9 @@ TEST(ServiceMetricsTest, ObserveRpcCreatesOneSeriesPerMethodAndCode) {
             2);
   EXPECT_NEAR(Value(text, "tokensel_rpc_duration_seconds_sum{code=\"OK\",method=\"GatherTokens\"}"),
               4e-4, 1e-12);
-  EXPECT_EQ(Value(text, "tokensel_rpc_duration_seconds_bucket{code=\"OK\",method=\"Ping\","
-                        "le=\"1e-05\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_rpc_duration_seconds_bucket{code=\"OK\",method=\"Ping\","
+                  "le=\"1e-05\"}"),
             1);
   const auto families = metrics.registry()->Collect();
   EXPECT_EQ(Find(families, "tokensel_requests_total")->metric.size(), 3u);

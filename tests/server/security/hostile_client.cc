@@ -230,10 +230,9 @@ int Race(const std::map<std::string, std::string>& flags) {
   for (const auto& [code, count] : codes) {
     if (code != 0 && code != static_cast<int>(absl::StatusCode::kInvalidArgument)) other += count;
   }
-  Print(absl::StrCat("RESULT ok=", codes[0],
-                     " invalid=", codes[static_cast<int>(absl::StatusCode::kInvalidArgument)],
-                     " other=", other, " guard_violations=", guard_violations,
-                     " alive=", alive.ok() ? 1 : 0));
+  Print(absl::StrCat("RESULT ok=", codes[0], " invalid=",
+                     codes[static_cast<int>(absl::StatusCode::kInvalidArgument)], " other=", other,
+                     " guard_violations=", guard_violations, " alive=", alive.ok() ? 1 : 0));
   if (!first_other.empty()) std::fprintf(stderr, "first other status: %s\n", first_other.c_str());
   return 0;
 }
@@ -311,11 +310,11 @@ int Steal(const std::map<std::string, std::string>& flags) {
   const absl::Status list = client->WithSession(victim).ListBuffers().status();
   absl::StatusOr<tc::SharedRegion> mine = tc::SharedRegion::CreateSealed("steal", 4096);
   if (!mine.ok()) return Fail(mine.status().ToString());
-  const absl::Status fd = tc::SendFd(tc::FdChannelPath(flags.at("target")), victim,
-                                     v1::FD_KIND_HOST_MEMORY, mine->fd())
-                              .status();
-  Print(absl::StrCat("RESULT keep_alive=", Code(keep_alive), " list=", Code(list),
-                     " fd=", Code(fd)));
+  const absl::Status fd =
+      tc::SendFd(tc::FdChannelPath(flags.at("target")), victim, v1::FD_KIND_HOST_MEMORY, mine->fd())
+          .status();
+  Print(
+      absl::StrCat("RESULT keep_alive=", Code(keep_alive), " list=", Code(list), " fd=", Code(fd)));
   return 0;
 }
 
@@ -340,10 +339,8 @@ int Truncate(const std::map<std::string, std::string>& flags) {
   absl::StatusOr<v1::BufferInfo> info = Register(**session, *region, "shrinking");
   if (!info.ok()) return Fail(info.status().ToString());
   v1::GatherTokensRequest gather;
-  *gather.mutable_activations() = tc::TensorRef::InBuffer("shrinking", 0)
-                                      .Dtype(v1::DTYPE_FLOAT32)
-                                      .Shape({1, kS, kC})
-                                      .ToProto();
+  *gather.mutable_activations() =
+      tc::TensorRef::InBuffer("shrinking", 0).Dtype(v1::DTYPE_FLOAT32).Shape({1, kS, kC}).ToProto();
   *gather.mutable_indices() = tc::TensorRef::InBuffer("shrinking", kActBytes)
                                   .Dtype(v1::DTYPE_INT32)
                                   .Shape({1, kR})
@@ -386,7 +383,8 @@ int main(int argc, char** argv) {
   if (argc < 2) return 2;
   const std::string command = argv[1];
   const std::map<std::string, std::string> flags = ParseFlags(argc, argv);
-  if (!DropPrivileges(flags)) return Fail(absl::StrCat("cannot drop privileges: ", strerror(errno)));
+  if (!DropPrivileges(flags))
+    return Fail(absl::StrCat("cannot drop privileges: ", strerror(errno)));
   if (command == "race") return Race(flags);
   if (command == "flip") return Flip(flags);
   if (command == "by-name") return ByName(flags);

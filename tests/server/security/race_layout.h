@@ -20,8 +20,8 @@ struct RaceLayout {
   static constexpr int64_t kNS = 64;  // max segments
 
   int64_t B = 32, S = kS, C = 16, R = 128;  // token tensors
-  int64_t MB = 2;                            // mask batch
-  int64_t SB = 8, T = 2048, NS = kNS;        // segment ids [SB, T]
+  int64_t MB = 2;                           // mask batch
+  int64_t SB = 8, T = 2048, NS = kNS;       // segment ids [SB, T]
 
   // Byte offsets.
   uint64_t gather_idx = 0, scatter_idx = 16384, sort_ids = 32768;
@@ -39,9 +39,12 @@ struct RaceLayout {
 
   // [begin, end) ranges of the data area that some op writes.
   std::vector<std::pair<uint64_t, uint64_t>> Writable() const {
-    return {{acts, gather_out},         {gather_out, layer},
-            {bert_out, gpt_out},        {gpt_out, sort_inverse},
-            {sort_inverse, sample_bert_out}, {sample_bert_out, sample_bert_out + sample_bert_bytes}};
+    return {{acts, gather_out},
+            {gather_out, layer},
+            {bert_out, gpt_out},
+            {gpt_out, sort_inverse},
+            {sort_inverse, sample_bert_out},
+            {sample_bert_out, sample_bert_out + sample_bert_bytes}};
   }
 
   // The data area minus Writable(): [layer, mask) (inputs only), the masks,

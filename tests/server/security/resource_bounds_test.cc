@@ -160,12 +160,13 @@ TEST_F(SecurityTest, WorkStopsWhenItsDeadlinePasses) {
   sample.set_original_tokens((int64_t{1} << 31) - 1);
   sample.set_retained_tokens(1);
   const absl::Time start = absl::Now();
-  EXPECT_THAT((*session)->client().WithDeadline(absl::Milliseconds(300)).SampleTokens(sample)
-                  .status(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(
+      (*session)->client().WithDeadline(absl::Milliseconds(300)).SampleTokens(sample).status(),
+      StatusIs(absl::StatusCode::kDeadlineExceeded));
   // The server gives its worker back soon after: the in-flight gauge drops.
   double inflight = 1;
-  while (absl::Now() - start < absl::Seconds(10) && (inflight = Metric("tokensel_inflight_requests")) > 0) {
+  while (absl::Now() - start < absl::Seconds(10) &&
+         (inflight = Metric("tokensel_inflight_requests")) > 0) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_EQ(inflight, 0);

@@ -97,8 +97,8 @@ class SecurityTest : public ::testing::Test {
       if (absl::SimpleAtoi(kv.second, &v)) fields[kv.first] = v;
     }
     absl::StatusOr<int> code = child.WaitForExit(absl::Now() + absl::Seconds(30));
-    EXPECT_TRUE(code.ok() && *code == 0) << (code.ok() ? absl::StrCat("exit ", *code)
-                                                       : code.status().ToString());
+    EXPECT_TRUE(code.ok() && *code == 0)
+        << (code.ok() ? absl::StrCat("exit ", *code) : code.status().ToString());
     return fields;
   }
 

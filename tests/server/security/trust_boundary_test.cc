@@ -29,7 +29,8 @@ TEST_F(SecurityTest, RacingIndexWriterStaysInsideTheViews) {
   tc::Client client = Client();
   absl::StatusOr<std::unique_ptr<tc::Session>> victim = tc::Session::Open(client, {});
   ASSERT_OK(victim);
-  absl::StatusOr<tc::SharedRegion> victim_memory = tc::SharedRegion::CreateSealed("victim", 1 << 20);
+  absl::StatusOr<tc::SharedRegion> victim_memory =
+      tc::SharedRegion::CreateSealed("victim", 1 << 20);
   ASSERT_OK(victim_memory);
   for (uint64_t i = 0; i < victim_memory->size(); ++i) victim_memory->data()[i] = i % 251;
   ASSERT_OK((*victim)->RegisterBuffer(victim_memory->RegisterRequest("victim")).status());
@@ -70,7 +71,8 @@ TEST_F(SecurityTest, OnlyMemoryTheCallerCanOpenCanBeRegistered) {
   ASSERT_GE(fd, 0) << std::strerror(errno);
   ASSERT_EQ(ftruncate(fd, 4096), 0);
   ASSERT_EQ(fchown(fd, kVictim, kVictim), 0);
-  auto* data = static_cast<uint8_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  auto* data =
+      static_cast<uint8_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   ASSERT_NE(data, MAP_FAILED);
   std::memset(data, 0x5A, 4096);
 

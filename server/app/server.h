@@ -4,44 +4,31 @@
 //   ... wait for SIGTERM ...
 //   server->Shutdown();
 //
+// This is the composition root: the one place that knows every part.
 // Start builds, in order: the backend (MakeBackend), the region mappers
 // (host memory by descriptor, CUDA IPC), ServiceMetrics, the BufferRegistry,
 // the SessionManager (a session's end unregisters its buffers and drops its
-// fd tickets), the FdTickets, the MemoryBudget, Admission, the Executor, the
-// op WorkQueue, the TokenSelect service with the standard health and
-// reflection services on every listener, the Prometheus exposer and a reaper
-// thread that expires idle sessions and unredeemed fd tickets. Health reports SERVING for
-// "" and "tokensel.v1.TokenSelect" once all of that is up.
+// fd tickets), the FdTickets, the MemoryBudget, Admission, the Executor and
+// the core::ServerDescription clients read with GetServerInfo; then the gRPC
+// front end on every listener, the Prometheus exposer and a reaper thread
+// that expires idle sessions and unredeemed fd tickets. Health reports
+// SERVING for "" and "tokensel.v1.TokenSelect" once all of that is up.
 //
-// Listeners: "unix:///abs/path" (or "unix:rel/path") and "host:port". The
-// server binds and accepts them itself (accept_loop.h) and hands gRPC each
-// accepted connection; a ConnectionTable (connection_table.h) knows the
-// peer of every connection (unix: SO_PEERCRED uid/gid/pid; TCP: address)
-// and enforces `max_connections` / `max_connections_per_peer` (the first
-// lowered to what RLIMIT_NOFILE leaves room for, see
-// ConnectionCapForFdLimit; the soft limit is raised to the hard one first).
-// Handlers get the peer of a call with PeerOf(&connections(), *ctx).
-// Unix sockets follow the rules of unix_socket.h (directory created 0750 if
-// missing, no directory others can write unless sticky, a stale socket
-// removed only if ours, bound under umask 0177, then `unix_socket_group`
-// and mode 0660) and are removed by Shutdown; the socket's permissions are
-// the unix callers' authentication. With an `fd_receiver`, every unix
-// listener gets an fd channel beside it (path + ".fd", SOCK_SEQPACKET, same
-// rules; fd_channel_protocol.h) and ServerInfo.fd_channel is true.
-// TCP listeners use the credentials of TcpSecurity (tcp_security.h): TLS and
-// a bearer token, or, only with `insecure_tcp`, less (a WARNING is logged);
-// a TCP listener without TLS and token fails Start unless `insecure_tcp`.
-// Handshakes (TLS, HTTP/2 preface) must finish within `handshake_timeout`.
-// Port 0 picks a free port; listen_addresses() reports the resolved one.
+// The transport (listeners, connection table, TCP security, the TokenSelect
+// service, health, reflection, the op workers) is the GrpcFrontEnd
+// (server/grpc/front_end.h), which this object starts last and stops first;
+// see that header for the listener rules.
 //
 // Shutdown: health NOT_SERVING, Admission::Drain (in-flight requests finish,
-// new ones get UNAVAILABLE), the accept loop stops, grpc::Server::Shutdown with the rest of the
-// grace period as deadline (then cancels), the workers finish their queue, every session is closed
-// (its buffers unmapped), sockets removed. Idempotent; the destructor calls it.
+// // new ones get UNAVAILABLE), the front end stops (the accept loop, gRPC
+// with the rest of the grace period as deadline, then cancelling; the workers
+// finish their queue; sockets removed), the reaper stops, every session is
+// closed (its buffers unmapped), the exposer stops. Idempotent; the
+// destructor calls it.
 //
 // Thread-safe: Shutdown may race with requests and with itself.
-#ifndef TOKENSEL_SERVER_GRPC_SERVER_H_
-#define TOKENSEL_SERVER_GRPC_SERVER_H_
+#ifndef TOKENSEL_SERVER_APP_SERVER_H_
+#define TOKENSEL_SERVER_APP_SERVER_H_
 
 #include <sys/types.h>
 
@@ -58,29 +45,20 @@
 #include "server/core/backend.h"
 #include "server/core/buffer_registry.h"
 #include "server/core/executor.h"
+#include "server/core/fd_channel.h"
 #include "server/core/fd_tickets.h"
 #include "server/core/memory_budget.h"
-#include "server/core/fd_channel.h"
 #include "server/core/region.h"
 #include "server/core/service_metrics.h"
 #include "server/core/session_manager.h"
-#include "server/grpc/accept_loop.h"
 #include "server/grpc/connection_table.h"
+#include "server/grpc/front_end.h"
 
-namespace grpc {
-class Server;
-namespace experimental {
-class ExternalConnectionAcceptor;
-}  // namespace experimental
-}  // namespace grpc
 namespace prometheus {
 class Exposer;
 }  // namespace prometheus
 
 namespace tokensel::server {
-
-class TokenSelectService;
-class WorkQueue;
 
 struct ServerOptions {
   std::vector<std::string> listen = {"unix:///run/tokensel/tokensel.sock"};
@@ -93,13 +71,13 @@ struct ServerOptions {
   // Reported to clients as a naming hint for the shm objects they create;
   // not a security boundary (memory is registered by descriptor).
   std::string shm_prefix = "/tokensel";
-  std::string unix_socket_group;    // name or gid; empty = the server's gid
-  std::string tls_cert_file;        // PEM; TLS on TCP listeners with tls_key_file
+  std::string unix_socket_group;  // name or gid; empty = the server's gid
+  std::string tls_cert_file;      // PEM; TLS on TCP listeners with tls_key_file
   std::string tls_key_file;
-  std::string auth_token_file;  // bearer token required on TCP listeners
-  bool insecure_tcp = false;    // allow TCP without TLS and/or token
-  uint32_t max_buffers = 1024;      // per session
-  uint32_t max_buffers_total = 0;   // all sessions; 0 = min(16384, vm.max_map_count / 4)
+  std::string auth_token_file;     // bearer token required on TCP listeners
+  bool insecure_tcp = false;       // allow TCP without TLS and/or token
+  uint32_t max_buffers = 1024;     // per session
+  uint32_t max_buffers_total = 0;  // all sessions; 0 = min(16384, vm.max_map_count / 4)
   uint32_t max_inflight = 256;
   uint32_t max_sessions = 1024;
   uint32_t max_sessions_per_peer = 256;
@@ -137,7 +115,9 @@ class Server {
 
   // One per --listen, with the port resolved ("unix:///tmp/t.sock",
   // "127.0.0.1:40123").
-  const std::vector<std::string>& listen_addresses() const { return listen_addresses_; }
+  const std::vector<std::string>& listen_addresses() const {
+    return front_end_->listen_addresses();
+  }
   // "host:port" of the exposer, empty when disabled.
   const std::string& metrics_address() const { return metrics_address_; }
   absl::string_view backend_name() const { return backend_->name(); }
@@ -151,12 +131,11 @@ class Server {
   // The fd channel's receiver (the front end serves the socket).
   core::FdTickets& tickets() { return *tickets_; }
   // Who is on each connection; PeerOf(&connections(), ctx) for a call.
-  const ConnectionTable& connections() const { return *connections_; }
+  const ConnectionTable& connections() const { return front_end_->connections(); }
 
  private:
   explicit Server(ServerOptions options);
   absl::Status Init();
-  absl::Status StartGrpc();
   absl::Status StartExposer();
   void ReaperLoop();
 
@@ -171,19 +150,8 @@ class Server {
   std::unique_ptr<core::MemoryBudget> budget_;
   std::unique_ptr<core::Admission> admission_;
   std::unique_ptr<core::Executor> executor_;
-  std::unique_ptr<WorkQueue> workers_;
-  std::unique_ptr<TokenSelectService> service_;
-  // Set from options_.fd_receiver; the composition may set its own in Init
-  // before StartGrpc.
-  core::FdReceiver* fd_receiver_ = nullptr;
-  std::unique_ptr<ConnectionTable> connections_;
-  std::unique_ptr<AcceptLoop> accept_loop_;
-  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tcp_acceptor_;
-  std::unique_ptr<ConnectionSink> sink_;
-  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<GrpcFrontEnd> front_end_;
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::vector<std::string> listen_addresses_;
-  std::vector<std::string> socket_paths_;  // unix listeners + fd channels, removed on shutdown
   std::string metrics_address_;
 
   absl::Mutex shutdown_mu_;
@@ -195,4 +163,4 @@ class Server {
 
 }  // namespace tokensel::server
 
-#endif  // TOKENSEL_SERVER_GRPC_SERVER_H_
+#endif  // TOKENSEL_SERVER_APP_SERVER_H_
