@@ -46,6 +46,15 @@ check_layers() {
     'common/ is the base of every layer and includes none of them' || rc=1
   forbid kernels 'server/|client/|grpc|google/protobuf|prometheus/|tokensel/v1/' \
     'kernels/ never sees gRPC, protobuf, prometheus or the server' || rc=1
+  # Of common/, kernels/ uses only the header-only part (tokensel::common_headers).
+  local common_hits
+  common_hits=$(git grep -nE '^#include [<"]common/' -- kernels |
+                grep -vE '"common/(status_macros|gpu_uuid)\.h"' || true)
+  if [ -n "$common_hits" ]; then
+    echo "check-style: kernels: of common/, only the header-only status_macros.h and gpu_uuid.h"
+    echo "$common_hits" | sed 's/^/  /'
+    rc=1
+  fi
   forbid server/core 'grpc|google/protobuf|tokensel/v1/|server/(grpc|app|memory|backends)/' \
     'server/core is transport-free and knows no implementation of its seams' || rc=1
   forbid server/memory 'grpc|google/protobuf|tokensel/v1/|prometheus/|server/(grpc|app|backends)/' \

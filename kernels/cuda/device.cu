@@ -1,8 +1,9 @@
+#include "kernels/cuda/device.h"
+
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_uuid.h"
-#include "kernels/cuda/device.h"
 
 namespace tokensel::kernels::cuda {
 

@@ -1,4 +1,6 @@
 // Host helpers of the device status word (contracts: status.cuh).
+#include "kernels/cuda/status.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/status.cuh"
 #include "kernels/validate.h"
 
 namespace tokensel::kernels::cuda {

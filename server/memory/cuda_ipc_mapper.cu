@@ -1,4 +1,6 @@
 // CudaIpcMapper, CUDA build. See cuda_ipc_mapper.h for the contract.
+#include "server/memory/cuda_ipc_mapper.h"
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -16,7 +18,6 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/device.h"
-#include "server/memory/cuda_ipc_mapper.h"
 
 namespace tokensel::memory {
 namespace {

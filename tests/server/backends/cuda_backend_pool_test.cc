@@ -1,5 +1,6 @@
 // What only the CUDA backend has: its workspace pool (label `gpu`; skips
 // without a device; built only when this build has CUDA).
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -12,46 +13,90 @@
 namespace tokensel::testing {
 namespace {
 
-// SortTokens on [B, R] ids of S tokens with an inverse: an op that needs a
-// device workspace (CUB's sort temporaries).
-absl::Status RunSort(core::Backend& backend, int64_t B, int64_t R, int64_t S) {
+// SortTokens on [B, R] ids of S tokens: an op with a device workspace. Its
+// size (kernels/cuda/workspace_layout.cc, SortTokensLayout) is a bitmap of
+// ceil(S / 64) words per row, the rank table, and a snapshot of the ids
+// (B * R * 4 bytes); the pool rounds allocations up to 1 MiB. The inverse
+// ([B, S] int32) is optional so that a huge S costs no host memory.
+absl::Status RunSort(core::Backend& backend, int64_t B, int64_t R, int64_t S,
+                     bool with_inverse = true) {
   std::vector<int32_t> ids(static_cast<size_t>(B * R));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t r = 0; r < R; ++r) ids[b * R + r] = static_cast<int32_t>(R - 1 - r);
   }
   StagedTensor t = StagedTensor::Upload(backend, ids, kernels::DType::kInt32, {B, R});
-  StagedTensor inv =
-      StagedTensor::Upload(backend, std::vector<int32_t>(B * S, 0), kernels::DType::kInt32, {B, S});
   kernels::SortTokensArgs args;
   args.ids = t.view();
   args.original_tokens = S;
-  args.inverse = inv.view();
+  StagedTensor inv;
+  if (with_inverse) {
+    inv = StagedTensor::Upload(backend, std::vector<int32_t>(B * S, 0), kernels::DType::kInt32,
+                               {B, S});
+    args.inverse = inv.view();
+  }
   return backend.Run(args);
 }
 
-TEST(CudaBackendPoolTest, WorkspacesAreReusedNotReallocated) {
-  const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
-  if (devices.empty()) GTEST_SKIP() << "no CUDA device";
-  absl::StatusOr<std::unique_ptr<backends::CudaBackend>> backend =
-      backends::CudaBackend::Create(devices[0].uuid);
-  ASSERT_OK(backend);
-  backends::CudaBackend& cuda = **backend;
+// Small: < 1 MiB of workspace (one granule). Large: a 4 MiB snapshot of
+// 2^20 ids plus a 128 KiB bitmap, so 5 MiB: more than twice the small one.
+absl::Status RunSmall(core::Backend& b) { return RunSort(b, 8, 512, 1024); }
+absl::Status RunLarge(core::Backend& b) { return RunSort(b, 1, 1 << 20, 1 << 20, false); }
 
-  ASSERT_OK(RunSort(cuda, 8, 512, 1024));
-  const int64_t first = cuda.workspace_allocations();
-  EXPECT_GE(cuda.cached_workspaces(), 1u) << "a released workspace goes back to the pool";
-  for (int i = 0; i < 10; ++i) ASSERT_OK(RunSort(cuda, 8, 512, 1024));
-  EXPECT_EQ(cuda.workspace_allocations(), first) << "same-size ops reuse the cached workspace";
-  // A smaller op fits the cached workspace too.
-  ASSERT_OK(RunSort(cuda, 2, 64, 128));
-  EXPECT_EQ(cuda.workspace_allocations(), first);
-  // A larger one needs one more allocation, then reuses it.
-  ASSERT_OK(RunSort(cuda, 64, 2048, 4096));
-  const int64_t grown = cuda.workspace_allocations();
-  EXPECT_LE(grown, first + 1);
-  ASSERT_OK(RunSort(cuda, 64, 2048, 4096));
-  EXPECT_EQ(cuda.workspace_allocations(), grown);
+absl::StatusOr<std::unique_ptr<backends::CudaBackend>> FirstDevice() {
+  const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
+  if (devices.empty()) return absl::UnavailableError("no CUDA device");
+  return backends::CudaBackend::Create(devices[0].uuid);
 }
+
+#define TOKENSEL_CUDA_BACKEND_OR_SKIP(name)                                         \
+  absl::StatusOr<std::unique_ptr<backends::CudaBackend>> name##_or = FirstDevice(); \
+  if (absl::IsUnavailable(name##_or.status())) GTEST_SKIP() << "no CUDA device";    \
+  ASSERT_OK(name##_or);                                                             \
+  backends::CudaBackend& name = **name##_or
+
+TEST(CudaBackendPoolTest, WorkspacesAreReusedNotReallocated) {
+  TOKENSEL_CUDA_BACKEND_OR_SKIP(cuda);
+  ASSERT_OK(RunSmall(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 1);
+  EXPECT_EQ(cuda.cached_workspaces(), 1u) << "a released workspace goes back to the pool";
+  for (int i = 0; i < 10; ++i) ASSERT_OK(RunSmall(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 1) << "same-size ops reuse the cached workspace";
+  ASSERT_OK(RunSort(cuda, 2, 64, 128));
+  EXPECT_EQ(cuda.workspace_allocations(), 1) << "a smaller op fits the cached one";
+  // A larger op needs one more allocation, then reuses it.
+  ASSERT_OK(RunLarge(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 2);
+  EXPECT_EQ(cuda.cached_workspaces(), 2u);
+  ASSERT_OK(RunLarge(cuda));
+  ASSERT_OK(RunSmall(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 2) << "each op takes the smallest block that fits";
+}
+
+TEST(CudaBackendPoolTest, ASmallOpDoesNotHoldALargeBlock) {
+  TOKENSEL_CUDA_BACKEND_OR_SKIP(cuda);
+  ASSERT_OK(RunLarge(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 1);
+  // The cached 5 MiB block is more than twice the 1 MiB the small op
+  // reserved: it allocates its own rather than hold the large one.
+  ASSERT_OK(RunSmall(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 2);
+  EXPECT_EQ(cuda.cached_workspaces(), 2u);
+}
+
+TEST(CudaBackendPoolTest, IdleWorkspacesBeyondTheCapAreFreed) {
+  TOKENSEL_CUDA_BACKEND_OR_SKIP(cuda);
+  ASSERT_OK(RunSmall(cuda));
+  // S = 2^31 - 1 with one id: a 256 MiB bitmap plus the rank table, so an
+  // allocation above kMaxCachedWorkspaceBytes. Released idle, it is freed
+  // at once (the largest block goes first); the small one stays cached.
+  ASSERT_OK(RunSort(cuda, 1, 1, INT32_MAX, false));
+  EXPECT_EQ(cuda.workspace_allocations(), 2);
+  EXPECT_EQ(cuda.cached_workspaces(), 1u) << "idle workspaces above the cap are freed";
+  ASSERT_OK(RunSmall(cuda));
+  EXPECT_EQ(cuda.workspace_allocations(), 2);
+}
+
+#undef TOKENSEL_CUDA_BACKEND_OR_SKIP
 
 }  // namespace
 }  // namespace tokensel::testing
