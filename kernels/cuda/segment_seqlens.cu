@@ -164,7 +164,17 @@ absl::Status SegmentSeqlensAsync(const SegmentSeqlensArgs& args, Workspace ws, S
   const SegmentLayout layout = SegmentSeqlensLayout(args);
   RETURN_IF_ERROR(CheckWorkspace(ws, layout.total, "SegmentSeqlens"));
   RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
-  if (layout.batch == 0) return absl::OkStatus();
+  if (layout.batch == 0) {
+    // No rows, so no kernel: the one element of each packed cu_seqlens
+    // ([B * NS + 1] = [1], int32) is its leading 0, which the CPU twin
+    // writes too. Ordered on the op's stream like the kernels it replaces.
+    for (const SegmentSeqlensSide* side : {&args.q, args.kv ? &*args.kv : nullptr}) {
+      if (side == nullptr || !side->packed.has_value()) continue;
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(side->packed->cu_seqlens.data, 0, sizeof(int32_t), stream));
+    }
+    return absl::OkStatus();
+  }
   const seg::RowParams rp = seg::MakeRowParams(args, layout, ws);
   const size_t smem = rp.agg_in_smem ? layout.agg_smem_bytes : 0;
   seg::RowKernel<<<seg::RowGrid(layout), seg::kThreads, smem, stream>>>(rp);
