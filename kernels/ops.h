@@ -168,6 +168,46 @@ struct TopKTokensArgs {
 };
 absl::Status ValidateTopKTokens(const TopKTokensArgs& args);
 
+// 9. MergeTokens (Random-LTD's scatter without the clone).
+//   x:       [B,S,C] / [S,B,C], the layer's input (every token).
+//   layer:   same dtype, [B,R,C] / [R,B,C], the retained tokens after the layer.
+//   indices: int32|int64 [B,R], in [0, S) and unique within each row.
+//   out:     same dtype and shape as x: out[b,s,:] = layer[b,r,:] where
+//            indices[b,r] == s, else x[b,s,:]; every row written once.
+//            `out` may be `x` itself (the same view: then the op is
+//            ScatterTokens on x); otherwise it overlaps neither x nor layer.
+struct MergeTokensArgs {
+  TensorView x;
+  TensorView layer;
+  TensorView indices;
+  TensorView out;
+  bool batch_first = true;
+};
+absl::Status ValidateMergeTokens(const MergeTokensArgs& args);
+
+// 10. SplitTokens (MergeTokens' adjoint: the backward of the Random-LTD pair).
+//   grad:       [B,S,C] / [S,B,C].
+//   indices:    int32|int64 [B,R], in [0, S) and unique within each row.
+//   layer_grad: same dtype, [B,R,C] / [R,B,C] = GatherTokens(grad, indices).
+//   rest_grad:  same dtype and shape as grad: grad with the rows named by
+//               indices set to all-zero bytes (+0.0), every other row copied.
+//               May be `grad` itself (the same view: rows zeroed in place,
+//               after layer_grad read them); otherwise disjoint from grad.
+//   layer_grad overlaps neither grad nor rest_grad.
+struct SplitTokensArgs {
+  TensorView grad;
+  TensorView indices;
+  TensorView layer_grad;
+  TensorView rest_grad;
+  bool batch_first = true;
+};
+absl::Status ValidateSplitTokens(const SplitTokensArgs& args);
+
+// True when `a` and `b` are the same view (data, dtype, shape, strides): the
+// in-place forms of SortTokens (out = ids), MergeTokens (out = x) and
+// SplitTokens (rest_grad = grad).
+bool SameView(const TensorView& a, const TensorView& b);
+
 // Validate<Op> by argument type, for code generic over the ops.
 inline absl::Status Validate(const SortTokensArgs& a) { return ValidateSortTokens(a); }
 inline absl::Status Validate(const GatherTokensArgs& a) { return ValidateGatherTokens(a); }
@@ -177,6 +217,8 @@ inline absl::Status Validate(const SliceGptMaskArgs& a) { return ValidateSliceGp
 inline absl::Status Validate(const SegmentSeqlensArgs& a) { return ValidateSegmentSeqlens(a); }
 inline absl::Status Validate(const SampleTokensArgs& a) { return ValidateSampleTokens(a); }
 inline absl::Status Validate(const TopKTokensArgs& a) { return ValidateTopKTokens(a); }
+inline absl::Status Validate(const MergeTokensArgs& a) { return ValidateMergeTokens(a); }
+inline absl::Status Validate(const SplitTokensArgs& a) { return ValidateSplitTokens(a); }
 
 }  // namespace tokensel::kernels
 

@@ -31,7 +31,26 @@ absl::Status CheckTokenShapes(const TensorView& tokens, absl::string_view tokens
   return absl::OkStatus();
 }
 
+// `v` is shaped like `tokens` ([B,S,C] / [S,B,C]), dim by dim.
+absl::Status CheckLikeTokens(const TensorView& v, absl::string_view field, const TensorView& tokens,
+                             absl::string_view tokens_field, bool batch_first) {
+  const char* names[3] = {batch_first ? "B" : "S", batch_first ? "S" : "B", "C"};
+  for (int axis = 0; axis < 3; ++axis) {
+    RETURN_IF_ERROR(CheckDim(v, field, axis, names[axis], tokens.shape[axis],
+                             absl::StrCat(tokens_field, " ", names[axis])));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool SameView(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.shape[i] != b.shape[i] || a.strides[i] != b.strides[i]) return false;
+  }
+  return true;
+}
 
 absl::Status TokenIndexOutOfRange(const TensorView& indices, int64_t linear, int64_t value,
                                   int64_t limit) {
@@ -68,6 +87,48 @@ absl::Status ValidateScatterTokens(const ScatterTokensArgs& args) {
   RETURN_IF_ERROR(CheckNonOverlapping(args.all, "all"));
   RETURN_IF_ERROR(CheckDisjoint(args.all, "all", args.layer, "layer"));
   RETURN_IF_ERROR(CheckDisjoint(args.all, "all", args.indices, kIndicesField));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMergeTokens(const MergeTokensArgs& args) {
+  RETURN_IF_ERROR(CheckView(args.x, "x", 3));
+  RETURN_IF_ERROR(CheckView(args.layer, "layer", 3));
+  RETURN_IF_ERROR(CheckView(args.indices, kIndicesField, 2));
+  RETURN_IF_ERROR(CheckView(args.out, "out", 3));
+  RETURN_IF_ERROR(CheckIndexDType(args.indices, kIndicesField));
+  RETURN_IF_ERROR(CheckSameDType(args.layer, "layer", args.x, "x"));
+  RETURN_IF_ERROR(CheckSameDType(args.out, "out", args.x, "x"));
+  RETURN_IF_ERROR(
+      CheckTokenShapes(args.x, "x", args.indices, args.layer, "layer", args.batch_first));
+  RETURN_IF_ERROR(CheckLikeTokens(args.out, "out", args.x, "x", args.batch_first));
+  RETURN_IF_ERROR(CheckNonOverlapping(args.out, "out"));
+  if (!SameView(args.out, args.x)) RETURN_IF_ERROR(CheckDisjoint(args.out, "out", args.x, "x"));
+  RETURN_IF_ERROR(CheckDisjoint(args.out, "out", args.layer, "layer"));
+  RETURN_IF_ERROR(CheckDisjoint(args.out, "out", args.indices, kIndicesField));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSplitTokens(const SplitTokensArgs& args) {
+  RETURN_IF_ERROR(CheckView(args.grad, "grad", 3));
+  RETURN_IF_ERROR(CheckView(args.indices, kIndicesField, 2));
+  RETURN_IF_ERROR(CheckView(args.layer_grad, "layer_grad", 3));
+  RETURN_IF_ERROR(CheckView(args.rest_grad, "rest_grad", 3));
+  RETURN_IF_ERROR(CheckIndexDType(args.indices, kIndicesField));
+  RETURN_IF_ERROR(CheckSameDType(args.layer_grad, "layer_grad", args.grad, "grad"));
+  RETURN_IF_ERROR(CheckSameDType(args.rest_grad, "rest_grad", args.grad, "grad"));
+  RETURN_IF_ERROR(CheckTokenShapes(args.grad, "grad", args.indices, args.layer_grad, "layer_grad",
+                                   args.batch_first));
+  RETURN_IF_ERROR(
+      CheckLikeTokens(args.rest_grad, "rest_grad", args.grad, "grad", args.batch_first));
+  RETURN_IF_ERROR(CheckNonOverlapping(args.layer_grad, "layer_grad"));
+  RETURN_IF_ERROR(CheckNonOverlapping(args.rest_grad, "rest_grad"));
+  RETURN_IF_ERROR(CheckDisjoint(args.layer_grad, "layer_grad", args.grad, "grad"));
+  RETURN_IF_ERROR(CheckDisjoint(args.layer_grad, "layer_grad", args.indices, kIndicesField));
+  RETURN_IF_ERROR(CheckDisjoint(args.layer_grad, "layer_grad", args.rest_grad, "rest_grad"));
+  if (!SameView(args.rest_grad, args.grad)) {
+    RETURN_IF_ERROR(CheckDisjoint(args.rest_grad, "rest_grad", args.grad, "grad"));
+  }
+  RETURN_IF_ERROR(CheckDisjoint(args.rest_grad, "rest_grad", args.indices, kIndicesField));
   return absl::OkStatus();
 }
 

@@ -15,14 +15,6 @@ namespace {
 
 constexpr int64_t kMaxOriginalTokens = std::numeric_limits<int32_t>::max();
 
-bool SameView(const TensorView& a, const TensorView& b) {
-  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
-  for (int d = 0; d < a.rank; ++d) {
-    if (a.shape[d] != b.shape[d] || a.strides[d] != b.strides[d]) return false;
-  }
-  return true;
-}
-
 // `v` has the leading (row) dims of `ids`.
 absl::Status CheckRowDims(const TensorView& v, absl::string_view field, const TensorView& ids) {
   for (int d = 0; d + 1 < ids.rank; ++d) {

@@ -18,8 +18,8 @@ namespace {
 
 using kernels::DType;
 
-constexpr absl::string_view kOpNames[kNumBenchOps] = {"ping",    "gather", "scatter", "sort",
-                                                      "seqlens", "topk",   "sample"};
+constexpr absl::string_view kOpNames[kNumBenchOps] = {
+    "ping", "gather", "scatter", "sort", "seqlens", "topk", "sample", "merge", "split"};
 
 // Lays tensors out in a future shm region (by reference) or inlines them.
 class TensorBuilder {
@@ -107,8 +107,8 @@ absl::StatusOr<BenchOp> ParseBenchOp(absl::string_view name) {
   for (int i = 0; i < kNumBenchOps; ++i) {
     if (kOpNames[i] == name) return static_cast<BenchOp>(i);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown op '", name, "' (ops: ping gather scatter sort seqlens topk sample)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown op '", name, "' (ops: ping gather scatter sort seqlens topk sample merge split)"));
 }
 
 absl::StatusOr<std::vector<BenchOp>> ParseMix(absl::string_view mix) {
@@ -176,6 +176,24 @@ absl::StatusOr<std::unique_ptr<Workload>> Workload::Create(const std::vector<Ben
         tb.Input(DType::kInt32, {B, R}, Bytes(DistinctRows(B, R, S, true, rng)));
     w->scatter_.set_batch_first(true);
     w->bytes_[static_cast<int>(BenchOp::kScatter)] = 2 * B * R * C * es + B * R * 4;
+  }
+  if (has(BenchOp::kMerge)) {  // out of place: every row of out written once
+    *w->merge_.mutable_x() = tb.Input(sh.dtype, {B, S, C}, RandomBytes(B * S * C * es, rng));
+    *w->merge_.mutable_layer() = tb.Input(sh.dtype, {B, R, C}, RandomBytes(B * R * C * es, rng));
+    *w->merge_.mutable_indices() =
+        tb.Input(DType::kInt32, {B, R}, Bytes(DistinctRows(B, R, S, true, rng)));
+    *w->merge_.mutable_out() = tb.Output(sh.dtype, {B, S, C});
+    w->merge_.set_batch_first(true);
+    w->bytes_[static_cast<int>(BenchOp::kMerge)] = 2 * B * S * C * es + B * R * 4;
+  }
+  if (has(BenchOp::kSplit)) {
+    *w->split_.mutable_grad() = tb.Input(sh.dtype, {B, S, C}, RandomBytes(B * S * C * es, rng));
+    *w->split_.mutable_indices() =
+        tb.Input(DType::kInt32, {B, R}, Bytes(DistinctRows(B, R, S, true, rng)));
+    *w->split_.mutable_layer_grad() = tb.Output(sh.dtype, {B, R, C});
+    *w->split_.mutable_rest_grad() = tb.Output(sh.dtype, {B, S, C});
+    w->split_.set_batch_first(true);
+    w->bytes_[static_cast<int>(BenchOp::kSplit)] = 2 * B * (S + R) * C * es + B * R * 4;
   }
   if (has(BenchOp::kSort)) {
     *w->sort_.mutable_ids() =
@@ -265,6 +283,12 @@ absl::Status Workload::Run(BenchOp op, const client::Client& client) const {
       break;
     case BenchOp::kSample:
       resp = client.SampleTokens(sample_);
+      break;
+    case BenchOp::kMerge:
+      resp = client.MergeTokens(merge_);
+      break;
+    case BenchOp::kSplit:
+      resp = client.SplitTokens(split_);
       break;
   }
   if (!resp.ok()) return resp.status();

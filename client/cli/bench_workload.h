@@ -28,8 +28,8 @@
 
 namespace tokensel::cli {
 
-enum class BenchOp { kPing, kGather, kScatter, kSort, kSeqlens, kTopK, kSample };
-inline constexpr int kNumBenchOps = 7;
+enum class BenchOp { kPing, kGather, kScatter, kSort, kSeqlens, kTopK, kSample, kMerge, kSplit };
+inline constexpr int kNumBenchOps = 9;
 
 absl::string_view BenchOpName(BenchOp op);
 absl::StatusOr<BenchOp> ParseBenchOp(absl::string_view name);
@@ -75,6 +75,8 @@ class Workload {
   v1::SegmentSeqlensRequest seqlens_;
   v1::TopKTokensRequest topk_;
   v1::SampleTokensRequest sample_;
+  v1::MergeTokensRequest merge_;
+  v1::SplitTokensRequest split_;
   int64_t bytes_[kNumBenchOps] = {};
 };
 

@@ -55,6 +55,8 @@ extern const Command kBuffersCommand;
 extern const Command kSortCommand;
 extern const Command kGatherCommand;
 extern const Command kScatterCommand;
+extern const Command kMergeCommand;
+extern const Command kSplitCommand;
 extern const Command kSeqlensCommand;
 extern const Command kTopKCommand;
 extern const Command kSampleCommand;

@@ -136,10 +136,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 const std::vector<Command>& Commands() {
-  static const auto* commands =
-      new std::vector<Command>{kInfoCommand,   kHealthCommand,  kBuffersCommand, kSortCommand,
-                               kGatherCommand, kScatterCommand, kSeqlensCommand, kTopKCommand,
-                               kSampleCommand, kBenchCommand,   kDemoCommand};
+  static const auto* commands = new std::vector<Command>{
+      kInfoCommand,    kHealthCommand, kBuffersCommand, kSortCommand,    kGatherCommand,
+      kScatterCommand, kMergeCommand,  kSplitCommand,   kSeqlensCommand, kTopKCommand,
+      kSampleCommand,  kBenchCommand,  kDemoCommand};
   return *commands;
 }
 

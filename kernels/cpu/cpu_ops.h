@@ -46,6 +46,8 @@ absl::Status SliceGptMask(const SliceGptMaskArgs& args, ThreadPool* pool);
 absl::Status SegmentSeqlens(const SegmentSeqlensArgs& args, ThreadPool* pool);
 absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool);
 absl::Status TopKTokens(const TopKTokensArgs& args, ThreadPool* pool);
+absl::Status MergeTokens(const MergeTokensArgs& args, ThreadPool* pool);
+absl::Status SplitTokens(const SplitTokensArgs& args, ThreadPool* pool);
 
 uint64_t ScratchBytes(const SortTokensArgs& args, int threads);
 uint64_t ScratchBytes(const GatherTokensArgs& args, int threads);
@@ -55,6 +57,8 @@ uint64_t ScratchBytes(const SliceGptMaskArgs& args, int threads);
 uint64_t ScratchBytes(const SegmentSeqlensArgs& args, int threads);
 uint64_t ScratchBytes(const SampleTokensArgs& args, int threads);
 uint64_t ScratchBytes(const TopKTokensArgs& args, int threads);
+uint64_t ScratchBytes(const MergeTokensArgs& args, int threads);
+uint64_t ScratchBytes(const SplitTokensArgs& args, int threads);
 
 // Run<Op> by argument type, for code generic over the ops (CpuBackend).
 inline absl::Status Run(const SortTokensArgs& a, ThreadPool* p) { return SortTokens(a, p); }
@@ -65,6 +69,8 @@ inline absl::Status Run(const SliceGptMaskArgs& a, ThreadPool* p) { return Slice
 inline absl::Status Run(const SegmentSeqlensArgs& a, ThreadPool* p) { return SegmentSeqlens(a, p); }
 inline absl::Status Run(const SampleTokensArgs& a, ThreadPool* p) { return SampleTokens(a, p); }
 inline absl::Status Run(const TopKTokensArgs& a, ThreadPool* p) { return TopKTokens(a, p); }
+inline absl::Status Run(const MergeTokensArgs& a, ThreadPool* p) { return MergeTokens(a, p); }
+inline absl::Status Run(const SplitTokensArgs& a, ThreadPool* p) { return SplitTokens(a, p); }
 
 }  // namespace tokensel::kernels::cpu
 

@@ -45,7 +45,11 @@ inline constexpr int kCopyUnroll = 4;
 // Resident blocks per SM the grid is capped at (2048 threads / 256).
 inline constexpr int kCopyBlocksPerSm = 8;
 
-// The two row pointers a map returns for one row.
+// The two row pointers a map returns for one row. A null `dst` skips the
+// row (maps that write only some rows: MergeTokens' and SplitTokens' copies
+// of the rows not retained); all threads of the row's group see the same
+// pointers, and the kernels use no warp-collective operation, so a skip
+// diverges only between groups.
 struct RowPtrs {
   char* dst;
   const char* src;
@@ -141,6 +145,7 @@ __global__ void __launch_bounds__(kCopyBlockThreads)
            static_cast<int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> shape.group_log2);
        row < shape.rows; row += step) {
     const RowPtrs p = map(row);
+    if (p.dst == nullptr) continue;
     CopyRowBytes<kVec>(p.dst, p.src, shape.row_bytes, lane, group);
   }
 }
@@ -158,6 +163,7 @@ __global__ void __launch_bounds__(kCopyBlockThreads)
            static_cast<int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> shape.group_log2);
        row < shape.rows; row += step) {
     const RowPtrs p = map(row);
+    if (p.dst == nullptr) continue;
     for (int64_t c = lane; c < shape.count; c += group) {
       Unit* __restrict__ d = reinterpret_cast<Unit*>(p.dst + c * shape.dst_stride);
       const Unit* __restrict__ s = reinterpret_cast<const Unit*>(p.src + c * shape.src_stride);

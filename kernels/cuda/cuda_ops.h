@@ -92,6 +92,8 @@ TOKENSEL_CUDA_OP(SliceGptMask);
 TOKENSEL_CUDA_OP(SegmentSeqlens);
 TOKENSEL_CUDA_OP(SampleTokens);
 TOKENSEL_CUDA_OP(TopKTokens);
+TOKENSEL_CUDA_OP(MergeTokens);
+TOKENSEL_CUDA_OP(SplitTokens);
 
 #undef TOKENSEL_CUDA_OP
 

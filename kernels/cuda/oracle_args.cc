@@ -23,6 +23,24 @@ ScatterTokensArgs ScatterTokensOracleArgs(const ScatterTokensArgs& args, void* s
   return host;
 }
 
+MergeTokensArgs MergeTokensOracleArgs(const MergeTokensArgs& args, void* snapshot) {
+  MergeTokensArgs host = args;
+  host.indices = SnapshotView(args.indices, snapshot);
+  host.x.shape[2] = 0;
+  host.layer.shape[2] = 0;
+  host.out.shape[2] = 0;
+  return host;
+}
+
+SplitTokensArgs SplitTokensOracleArgs(const SplitTokensArgs& args, void* snapshot) {
+  SplitTokensArgs host = args;
+  host.indices = SnapshotView(args.indices, snapshot);
+  host.grad.shape[2] = 0;
+  host.layer_grad.shape[2] = 0;
+  host.rest_grad.shape[2] = 0;
+  return host;
+}
+
 GatherBertMaskArgs GatherBertMaskOracleArgs(const GatherBertMaskArgs& args, void* snapshot) {
   GatherBertMaskArgs host = args;
   host.indices = SnapshotView(args.indices, snapshot);

@@ -11,7 +11,8 @@
 // sending one bad index, and counted by no memory budget. The CPU ops check
 // every index before they touch the payload, and their messages depend on
 // the indices and the index limit only, so the payload can go:
-//   GatherTokens, ScatterTokens: C = 0 (empty payload views);
+//   GatherTokens, ScatterTokens, MergeTokens, SplitTokens: C = 0 (empty
+//     payload views);
 //   GatherBertMask: the mask becomes one broadcast element of [B,1,1,S], out
 //     a compact [L,B,1,R,R] (H >= 1 is required, R is tied to the indices);
 //   SortTokens: no inverse.
@@ -29,6 +30,8 @@ GatherTokensArgs GatherTokensOracleArgs(const GatherTokensArgs& args, void* snap
 ScatterTokensArgs ScatterTokensOracleArgs(const ScatterTokensArgs& args, void* snapshot);
 GatherBertMaskArgs GatherBertMaskOracleArgs(const GatherBertMaskArgs& args, void* snapshot);
 SortTokensArgs SortTokensOracleArgs(const SortTokensArgs& args, void* snapshot);
+MergeTokensArgs MergeTokensOracleArgs(const MergeTokensArgs& args, void* snapshot);
+SplitTokensArgs SplitTokensOracleArgs(const SplitTokensArgs& args, void* snapshot);
 
 }  // namespace tokensel::kernels::cuda
 

@@ -62,6 +62,29 @@ IndexOpLayout ScatterTokensLayout(const ScatterTokensArgs& args) {
   return l;
 }
 
+IndexOpLayout MergeTokensLayout(const MergeTokensArgs& args) {
+  IndexOpLayout l;
+  if (!ValidateMergeTokens(args).ok()) return l;
+  const TokenDims d = GetTokenDims(args.x, args.indices, args.batch_first);
+  WorkspaceLayout w;
+  l.snapshot = w.Add({Elements(args.indices), args.indices.elem_size()});
+  l.bitmap = w.Add({d.batch, BitmapWordsPerRow(d.seq), 4});
+  l.total = w.total();
+  return l;
+}
+
+SplitLayout SplitTokensLayout(const SplitTokensArgs& args) {
+  SplitLayout l;
+  if (!ValidateSplitTokens(args).ok()) return l;
+  const TokenDims d = GetTokenDims(args.grad, args.indices, args.batch_first);
+  WorkspaceLayout w;
+  l.index.snapshot = w.Add({Elements(args.indices), args.indices.elem_size()});
+  l.index.bitmap = w.Add({d.batch, BitmapWordsPerRow(d.seq), 4});
+  l.zeros = w.Add({8});
+  l.total = l.index.total = w.total();
+  return l;
+}
+
 IndexOpLayout GatherBertMaskLayout(const GatherBertMaskArgs& args) {
   IndexOpLayout l;
   if (!ValidateGatherBertMask(args).ok()) return l;

@@ -73,6 +73,18 @@ struct IndexOpLayout {
 IndexOpLayout GatherTokensLayout(const GatherTokensArgs& args);
 IndexOpLayout ScatterTokensLayout(const ScatterTokensArgs& args);
 IndexOpLayout GatherBertMaskLayout(const GatherBertMaskArgs& args);
+// MergeTokens, SplitTokens:
+//   [status][snapshot of indices][bitmap, B * ceil(S/32) words][SplitTokens:
+//   8 zero bytes, the source of the rows it zeroes]
+// The bitmap is the uniqueness check's, read again after it: bit (b, s) is
+// set iff s is retained in row b (the copies of the other rows skip those).
+IndexOpLayout MergeTokensLayout(const MergeTokensArgs& args);
+struct SplitLayout {
+  IndexOpLayout index;
+  size_t zeros = 0;  // offset of the zero element
+  size_t total = kDeviceStatusBytes;
+};
+SplitLayout SplitTokensLayout(const SplitTokensArgs& args);
 
 // SortTokens:
 //   [status][bitmaps: rows * ceil(S/64) uint64][chunk ranks: rows * chunks

@@ -177,6 +177,28 @@ absl::StatusOr<core::TopKTokensRequest> OpFromProto(const v1::TopKTokensRequest&
   return op;
 }
 
+absl::StatusOr<core::MergeTokensRequest> OpFromProto(const v1::MergeTokensRequest& req,
+                                                     absl::string_view prefix) {
+  core::MergeTokensRequest op;
+  TS_REQUIRED(op.x, req, x);
+  TS_REQUIRED(op.layer, req, layer);
+  TS_REQUIRED(op.indices, req, indices);
+  TS_OPTIONAL(op.out, req, out);
+  op.batch_first = !req.has_batch_first() || req.batch_first();
+  return op;
+}
+
+absl::StatusOr<core::SplitTokensRequest> OpFromProto(const v1::SplitTokensRequest& req,
+                                                     absl::string_view prefix) {
+  core::SplitTokensRequest op;
+  TS_REQUIRED(op.grad, req, grad);
+  TS_REQUIRED(op.indices, req, indices);
+  TS_OPTIONAL(op.layer_grad, req, layer_grad);
+  TS_OPTIONAL(op.rest_grad, req, rest_grad);
+  op.batch_first = !req.has_batch_first() || req.batch_first();
+  return op;
+}
+
 #undef TS_REQUIRED
 #undef TS_OPTIONAL
 
@@ -198,6 +220,10 @@ absl::StatusOr<core::OpRequest> OpFromProto(const v1::Op& op, absl::string_view 
       return OpFromProto(op.sample_tokens(), absl::StrCat(prefix, "sample_tokens."));
     case v1::Op::kTopKTokens:
       return OpFromProto(op.top_k_tokens(), absl::StrCat(prefix, "top_k_tokens."));
+    case v1::Op::kMergeTokens:
+      return OpFromProto(op.merge_tokens(), absl::StrCat(prefix, "merge_tokens."));
+    case v1::Op::kSplitTokens:
+      return OpFromProto(op.split_tokens(), absl::StrCat(prefix, "split_tokens."));
     case v1::Op::OP_NOT_SET:
       break;
   }

@@ -51,6 +51,10 @@ absl::StatusOr<core::SampleTokensRequest> OpFromProto(const v1::SampleTokensRequ
                                                       absl::string_view prefix = "");
 absl::StatusOr<core::TopKTokensRequest> OpFromProto(const v1::TopKTokensRequest& req,
                                                     absl::string_view prefix = "");
+absl::StatusOr<core::MergeTokensRequest> OpFromProto(const v1::MergeTokensRequest& req,
+                                                     absl::string_view prefix = "");
+absl::StatusOr<core::SplitTokensRequest> OpFromProto(const v1::SplitTokensRequest& req,
+                                                     absl::string_view prefix = "");
 
 // The oneof `op`; INVALID_ARGUMENT "<prefix>op: no operator set" when unset.
 // Field names inside are prefixed with "<prefix><oneof field>." (e.g.

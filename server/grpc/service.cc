@@ -222,6 +222,18 @@ grpc::ServerUnaryReactor* TokenSelectService::TopKTokens(grpc::CallbackServerCon
   return OpCall(ctx, "TopKTokens", request, response);
 }
 
+grpc::ServerUnaryReactor* TokenSelectService::MergeTokens(grpc::CallbackServerContext* ctx,
+                                                          const v1::MergeTokensRequest* request,
+                                                          v1::OpResponse* response) {
+  return OpCall(ctx, "MergeTokens", request, response);
+}
+
+grpc::ServerUnaryReactor* TokenSelectService::SplitTokens(grpc::CallbackServerContext* ctx,
+                                                          const v1::SplitTokensRequest* request,
+                                                          v1::OpResponse* response) {
+  return OpCall(ctx, "SplitTokens", request, response);
+}
+
 grpc::ServerUnaryReactor* TokenSelectService::Execute(grpc::CallbackServerContext* ctx,
                                                       const v1::ExecuteRequest* request,
                                                       v1::ExecuteResponse* response) {

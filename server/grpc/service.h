@@ -72,6 +72,12 @@ class TokenSelectService final : public v1::TokenSelect::CallbackService {
   grpc::ServerUnaryReactor* TopKTokens(grpc::CallbackServerContext* ctx,
                                        const v1::TopKTokensRequest* request,
                                        v1::OpResponse* response) override;
+  grpc::ServerUnaryReactor* MergeTokens(grpc::CallbackServerContext* ctx,
+                                        const v1::MergeTokensRequest* request,
+                                        v1::OpResponse* response) override;
+  grpc::ServerUnaryReactor* SplitTokens(grpc::CallbackServerContext* ctx,
+                                        const v1::SplitTokensRequest* request,
+                                        v1::OpResponse* response) override;
 
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx,
                                     const v1::ExecuteRequest* request,

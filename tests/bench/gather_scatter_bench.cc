@@ -6,6 +6,10 @@
 //   gather/scatter: B=16, S=2048, C=1024, R=1536, random sorted unique int64
 //   indices per row; bf16 and fp32; batch_first and seq_first; 1 and 2 threads.
 //   bert_mask.fp16: L=12, B=8, H=1, S=Sq=512, R=256.
+//   merge/split: the gather/scatter shape; the baseline is a memcpy of the
+//   B*S*C elements the op writes (merge: out; split: rest_grad, plus the
+//   B*R*C of layer_grad), and merge also runs "clone_scatter", what DeepSpeed
+//   does instead (a copy of x, then ScatterTokens into it).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -100,6 +104,56 @@ void TokenOp(benchmark::State& state, bool gather, DType dtype, bool batch_first
   SetMoved(state, kB * kR * kC * ElementSize(dtype), kB * kR);
 }
 
+// A second [B,S,C] buffer (merge's out, split's rest_grad), fp32-sized.
+std::vector<char>& TokensOut() {
+  static std::vector<char>* out = new std::vector<char>(kB * kS * kC * 4, 4);
+  return *out;
+}
+
+// memcpy of `bytes` [B,S,C] bytes, plus `retained_bytes` into the [B,R,C] buffer.
+void MemcpyTokens(benchmark::State& state, int64_t bytes, int64_t retained_bytes) {
+  TokenBuffers& buf = TokenBuffers::Get();
+  for (auto _ : state) {
+    std::memcpy(TokensOut().data(), buf.tokens.data(), static_cast<size_t>(bytes));
+    std::memcpy(buf.copy_dst.data(), buf.retained.data(), static_cast<size_t>(retained_bytes));
+    benchmark::ClobberMemory();
+  }
+  SetMoved(state, bytes + retained_bytes, 0);
+}
+
+// kind 0: MergeTokens; 1: the clone + ScatterTokens it replaces; 2: SplitTokens.
+void MergeSplitOp(benchmark::State& state, int kind, DType dtype, bool batch_first, int threads) {
+  TokenBuffers& buf = TokenBuffers::Get();
+  auto tokens_view = [&](void* data, int64_t n) {
+    return TensorView::Contiguous(data, dtype,
+                                  batch_first ? std::initializer_list<int64_t>{kB, n, kC}
+                                              : std::initializer_list<int64_t>{n, kB, kC});
+  };
+  const TensorView x = tokens_view(buf.tokens.data(), kS);
+  const TensorView out = tokens_view(TokensOut().data(), kS);
+  const TensorView retained = tokens_view(buf.retained.data(), kR);
+  const TensorView indices = TensorView::Contiguous(buf.indices.data(), DType::kInt64, {kB, kR});
+  const int64_t elem = ElementSize(dtype);
+  ThreadPool* pool = PoolFor(threads);
+  for (auto _ : state) {
+    absl::Status status;
+    if (kind == 0) {
+      status = kernels::cpu::MergeTokens({x, retained, indices, out, batch_first}, pool);
+    } else if (kind == 1) {
+      std::memcpy(out.data, x.data, static_cast<size_t>(kB * kS * kC * elem));
+      status = kernels::cpu::ScatterTokens({out, retained, indices, batch_first}, pool);
+    } else {
+      status = kernels::cpu::SplitTokens({x, indices, retained, out, batch_first}, pool);
+    }
+    if (!status.ok()) {
+      state.SkipWithError(std::string(status.message()).c_str());
+      break;
+    }
+    benchmark::ClobberMemory();
+  }
+  SetMoved(state, (kind == 2 ? kB * (kS + kR) : kB * kS) * kC * elem, kB * kS);
+}
+
 constexpr int64_t kMaskL = 12, kMaskB = 8, kMaskH = 1, kMaskS = 512, kMaskR = 256;
 
 void BertMaskOp(benchmark::State& state, int threads) {
@@ -153,6 +207,33 @@ int RegisterAll() {
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
         }
+      }
+    }
+  }
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    for (bool batch_first : {true, false}) {
+      for (int threads : {1, 2}) {
+        const std::string suffix = std::string(dtype == DType::kBFloat16 ? "bf16." : "fp32.") +
+                                   (batch_first ? "batch_first" : "seq_first") + ".t" +
+                                   std::to_string(threads);
+        const int64_t elem = ElementSize(dtype);
+        for (int kind : {0, 1, 2}) {
+          const std::string name = std::string(kind == 2 ? "split." : "merge.") + suffix +
+                                   (kind == 1 ? "/clone_scatter" : "/op");
+          benchmark::RegisterBenchmark(name.c_str(), MergeSplitOp, kind, dtype, batch_first,
+                                       threads)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
+        // The bytes each op writes: merge B*S*C, split B*S*C + B*R*C.
+        benchmark::RegisterBenchmark(("merge." + suffix + "/baseline_memcpy").c_str(), MemcpyTokens,
+                                     kB * kS * kC * elem, int64_t{0})
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(("split." + suffix + "/baseline_memcpy").c_str(), MemcpyTokens,
+                                     kB * kS * kC * elem, kB * kR * kC * elem)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
       }
     }
   }

@@ -151,6 +151,32 @@ std::vector<v1::Op> OpSeeds() {
     *r->mutable_ids() = Ref(v1::DTYPE_INT32, {2, 2}, "big", 4000);
     ops.push_back(op);
   }
+  {  // MergeTokens: x [1,5,2] fp32 inline (the spec vector), then in place in "big".
+    v1::Op op;
+    auto* r = op.mutable_merge_tokens();
+    *r->mutable_x() = Inline(v1::DTYPE_FLOAT32, {1, 5, 2},
+                             Bytes(std::vector<float>{0, 1, 10, 11, 20, 21, 30, 31, 40, 41}));
+    *r->mutable_layer() =
+        Inline(v1::DTYPE_FLOAT32, {1, 2, 2}, Bytes(std::vector<float>{100, 101, 200, 201}));
+    *r->mutable_indices() = Inline(v1::DTYPE_INT32, {1, 2}, Bytes(std::vector<int32_t>{1, 3}));
+    ops.push_back(op);
+    *r->mutable_x() = Ref(v1::DTYPE_FLOAT32, {1, 5, 2}, "big", 0);
+    *r->mutable_out() = Ref(v1::DTYPE_FLOAT32, {1, 5, 2}, "big", 0);
+    r->set_batch_first(false);
+    ops.push_back(op);
+  }
+  {  // SplitTokens: grad [1,5,1] inline (the spec vector), then rest_grad in place.
+    v1::Op op;
+    auto* r = op.mutable_split_tokens();
+    *r->mutable_grad() =
+        Inline(v1::DTYPE_FLOAT32, {1, 5, 1}, Bytes(std::vector<float>{1, 2, 3, 4, 5}));
+    *r->mutable_indices() = Inline(v1::DTYPE_INT64, {1, 2}, Bytes(std::vector<int64_t>{0, 2}));
+    ops.push_back(op);
+    *r->mutable_grad() = Ref(v1::DTYPE_FLOAT32, {1, 5, 1}, "big", 512);
+    *r->mutable_rest_grad() = Ref(v1::DTYPE_FLOAT32, {1, 5, 1}, "big", 512);
+    *r->mutable_layer_grad() = Ref(v1::DTYPE_FLOAT32, {1, 2, 1}, "big", 1024);
+    ops.push_back(op);
+  }
   return ops;
 }
 

@@ -225,6 +225,44 @@ TEST(ScratchBytesTest, GatherAndScatterTokens) {
               &k::cpu::ScatterTokens, "scatter typical");
 }
 
+TEST(ScratchBytesTest, MergeAndSplitTokens) {
+  std::mt19937_64 rng(11);
+  Stats stats;
+  for (int iter = 0; iter < 120; ++iter) {
+    const int64_t B = Pick(rng, {0, 1, 2, 3, 8}), S = Pick(rng, {1, 2, 7, 64, 300, 5000});
+    const int64_t R = std::min(S, Pick(rng, {0, 1, 3, 17, 64})), C = Pick(rng, {0, 1, 3, 16});
+    const DType idx_dtype = rng() % 2 ? DType::kInt32 : DType::kInt64;
+    const bool batch_first = rng() % 2;
+    const bool in_place = rng() % 2;
+    auto dims = [&](int64_t n) {
+      return batch_first ? std::vector<int64_t>{B, n, C} : std::vector<int64_t>{n, B, C};
+    };
+    TestTensor tokens(DType::kBFloat16, dims(S), RandomLayout(rng, 3));
+    TestTensor retained(DType::kBFloat16, dims(R), RandomLayout(rng, 3));
+    TestTensor out(DType::kBFloat16, dims(S), RandomLayout(rng, 3));
+    TestTensor idx(idx_dtype, {B, R}, RandomLayout(rng, 2));
+    FillIndices(rng, idx, S, static_cast<int>(rng() % 6));
+    const TensorView dst = in_place ? tokens.view() : out.view();
+    const std::string what = "B=" + std::to_string(B) + " S=" + std::to_string(S) +
+                             " R=" + std::to_string(R) + " C=" + std::to_string(C) +
+                             (in_place ? " in place" : "");
+    ExpectBounded(k::MergeTokensArgs{tokens.view(), retained.view(), idx.view(), dst, batch_first},
+                  &k::cpu::MergeTokens, "merge " + what, &stats);
+    ExpectBounded(k::SplitTokensArgs{tokens.view(), idx.view(), retained.view(), dst, batch_first},
+                  &k::cpu::SplitTokens, "split " + what, &stats);
+  }
+  EXPECT_GT(stats.errors, 20);
+  EXPECT_LT(stats.errors, stats.calls - 20);
+  // Typical shapes: the membership bitmap and the index check.
+  TestTensor x(DType::kFloat16, {8, 512, 64}), layer(DType::kFloat16, {8, 256, 64});
+  TestTensor out(DType::kFloat16, {8, 512, 64}), idx(DType::kInt64, {8, 256});
+  FillIndices(rng, idx, 512, 0);
+  ExpectTight(k::MergeTokensArgs{x.view(), layer.view(), idx.view(), out.view(), true},
+              &k::cpu::MergeTokens, "merge typical");
+  ExpectTight(k::SplitTokensArgs{x.view(), idx.view(), layer.view(), out.view(), true},
+              &k::cpu::SplitTokens, "split typical");
+}
+
 TEST(ScratchBytesTest, Masks) {
   std::mt19937_64 rng(2);
   Stats stats;

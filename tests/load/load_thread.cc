@@ -47,6 +47,10 @@ absl::string_view MethodOf(const v1::Op& op) {
       return "SampleTokens";
     case v1::Op::kTopKTokens:
       return "TopKTokens";
+    case v1::Op::kMergeTokens:
+      return "MergeTokens";
+    case v1::Op::kSplitTokens:
+      return "SplitTokens";
     case v1::Op::OP_NOT_SET:
       break;
   }
@@ -72,6 +76,10 @@ absl::Status CallOp(const itest::Client& c, const v1::Op& op, v1::OpResponse* re
       return c.Call(&Stub::SampleTokens, op.sample_tokens(), resp);
     case v1::Op::kTopKTokens:
       return c.Call(&Stub::TopKTokens, op.top_k_tokens(), resp);
+    case v1::Op::kMergeTokens:
+      return c.Call(&Stub::MergeTokens, op.merge_tokens(), resp);
+    case v1::Op::kSplitTokens:
+      return c.Call(&Stub::SplitTokens, op.split_tokens(), resp);
     case v1::Op::OP_NOT_SET:
       break;
   }

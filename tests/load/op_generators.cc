@@ -159,6 +159,76 @@ class Gen {
     return op;
   }
 
+  // MergeTokens, out of place or (x by reference, half the time) in place.
+  v1::Op Merge() {
+    const DType dtype = DataDType(rng_);
+    const bool bf = Coin(rng_);
+    const int64_t b = U(rng_, 1, 4), s = U(rng_, 1, 256), r = U(rng_, 1, s);
+    const int64_t c = ChannelDim(dtype, b * s);
+    auto dims = [&](int64_t n) {
+      return bf ? std::vector<int64_t>{b, n, c} : std::vector<int64_t>{n, b, c};
+    };
+    const Slot x = b_.Place(Where(), dtype, dims(s));
+    b_.FillBytes(x);
+    const Slot layer = b_.Place(Where(), dtype, dims(r));
+    b_.FillBytes(layer);
+    const Slot idx = b_.Place(Where(), IndexDType(rng_), {b, r});
+    b_.FillIndices(idx, s, /*unique=*/true);
+    v1::Op op;
+    auto* req = op.mutable_merge_tokens();
+    *req->mutable_x() = b_.Input(x);  // packed before the oracle writes it (in place)
+    *req->mutable_layer() = b_.Input(layer);
+    *req->mutable_indices() = b_.Input(idx);
+    if (!bf || Coin(rng_)) req->set_batch_first(bf);  // absent = batch-first
+    kernels::TensorView out_view;
+    if (x.home == Home::kShm && Coin(rng_)) {
+      *req->mutable_out() = b_.Input(x);  // the same bytes: in place
+      out_view = b_.View(x);
+    } else {
+      const Slot out = b_.Place(Where(), dtype, dims(s));
+      DefaultInline(out, "out", [&] { return req->mutable_out(); });
+      out_view = b_.View(out);
+    }
+    MustOk(cpu::MergeTokens({b_.View(x), b_.View(layer), b_.View(idx), out_view, bf}, nullptr),
+           "MergeTokens");
+    return op;
+  }
+
+  // SplitTokens, rest_grad out of place or (grad by reference) in place.
+  v1::Op Split() {
+    const DType dtype = DataDType(rng_);
+    const bool bf = Coin(rng_);
+    const int64_t b = U(rng_, 1, 4), s = U(rng_, 1, 256), r = U(rng_, 1, s);
+    const int64_t c = ChannelDim(dtype, b * s);
+    auto dims = [&](int64_t n) {
+      return bf ? std::vector<int64_t>{b, n, c} : std::vector<int64_t>{n, b, c};
+    };
+    const Slot grad = b_.Place(Where(), dtype, dims(s));
+    b_.FillBytes(grad);
+    const Slot idx = b_.Place(Where(), IndexDType(rng_), {b, r});
+    b_.FillIndices(idx, s, /*unique=*/true);
+    const Slot layer_grad = b_.Place(Where(), dtype, dims(r));
+    v1::Op op;
+    auto* req = op.mutable_split_tokens();
+    *req->mutable_grad() = b_.Input(grad);
+    *req->mutable_indices() = b_.Input(idx);
+    req->set_batch_first(bf);
+    DefaultInline(layer_grad, "layer_grad", [&] { return req->mutable_layer_grad(); });
+    kernels::TensorView rest_view;
+    if (grad.home == Home::kShm && Coin(rng_)) {
+      *req->mutable_rest_grad() = b_.Input(grad);  // zeroed in place
+      rest_view = b_.View(grad);
+    } else {
+      const Slot rest = b_.Place(Where(), dtype, dims(s));
+      DefaultInline(rest, "rest_grad", [&] { return req->mutable_rest_grad(); });
+      rest_view = b_.View(rest);
+    }
+    MustOk(cpu::SplitTokens({b_.View(grad), b_.View(idx), b_.View(layer_grad), rest_view, bf},
+                            nullptr),
+           "SplitTokens");
+    return op;
+  }
+
   v1::Op BertMask() {
     const DType dtype = DataDType(rng_);
     int64_t b, h, s, sq, l, r;
@@ -379,6 +449,10 @@ absl::string_view OpKindName(OpKind kind) {
       return "TopKTokens";
     case OpKind::kSampleTokens:
       return "SampleTokens";
+    case OpKind::kMergeTokens:
+      return "MergeTokens";
+    case OpKind::kSplitTokens:
+      return "SplitTokens";
   }
   return "?";
 }
@@ -421,6 +495,12 @@ v1::Op BuildOp(OpKind kind, CaseBuilder& b, bool shm_only) {
       break;
     case OpKind::kSampleTokens:
       op = gen.Sample();
+      break;
+    case OpKind::kMergeTokens:
+      op = gen.Merge();
+      break;
+    case OpKind::kSplitTokens:
+      op = gen.Split();
       break;
   }
   if (b.used(Home::kShm) - shm_before > kMaxOpFootprint ||

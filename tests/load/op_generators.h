@@ -35,8 +35,10 @@ enum class OpKind {
   kSegmentSeqlensCross,
   kTopKTokens,
   kSampleTokens,
+  kMergeTokens,
+  kSplitTokens,
 };
-inline constexpr int kNumOpKinds = 9;
+inline constexpr int kNumOpKinds = 11;
 
 inline constexpr int64_t kMaxTensorBytes = 32 << 10;
 // A tensor's placement takes at most 2 * packed + 72 bytes (see

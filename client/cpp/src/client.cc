@@ -252,6 +252,14 @@ absl::StatusOr<v1::OpResponse> Client::TopKTokens(const v1::TopKTokensRequest& r
   return Unary(&v1::TokenSelect::Stub::TopKTokens, request);
 }
 
+absl::StatusOr<v1::OpResponse> Client::MergeTokens(const v1::MergeTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::MergeTokens, request);
+}
+
+absl::StatusOr<v1::OpResponse> Client::SplitTokens(const v1::SplitTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::SplitTokens, request);
+}
+
 absl::StatusOr<v1::OpResponse> Client::RunOp(const v1::Op& op) const {
   switch (op.op_case()) {
     case v1::Op::kSortTokens:
@@ -270,6 +278,10 @@ absl::StatusOr<v1::OpResponse> Client::RunOp(const v1::Op& op) const {
       return SampleTokens(op.sample_tokens());
     case v1::Op::kTopKTokens:
       return TopKTokens(op.top_k_tokens());
+    case v1::Op::kMergeTokens:
+      return MergeTokens(op.merge_tokens());
+    case v1::Op::kSplitTokens:
+      return SplitTokens(op.split_tokens());
     case v1::Op::OP_NOT_SET:
       break;
   }

@@ -13,28 +13,29 @@ const Fields& Obj(const google::protobuf::Value& v, const std::string& key) {
 }
 
 TEST_F(CliServerTest, BenchMixByReferenceJson) {
-  CliResult r = Run("bench", {"--mix=gather:2,sort,seqlens,topk,sample,scatter", "--requests=70",
-                              "--concurrency=2", "--batch=2", "--original_tokens=64",
-                              "--channels=32", "--json", "--baseline"});
+  CliResult r = Run("bench", {"--mix=gather:2,sort,seqlens,topk,sample,scatter,merge,split",
+                              "--requests=90", "--concurrency=2", "--batch=2",
+                              "--original_tokens=64", "--channels=32", "--json", "--baseline"});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   auto v = ParseJson(r.out);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(Obj(*v, "config").at("by_reference").bool_value());  // unix socket default
   const Fields& total = Obj(*v, "total");
-  EXPECT_EQ(total.at("count").number_value(), 70);
+  EXPECT_EQ(total.at("count").number_value(), 90);
   EXPECT_EQ(total.at("error_count").number_value(), 0);
   EXPECT_GT(total.at("ops_per_s").number_value(), 0);
   EXPECT_GT(total.at("bytes_per_s").number_value(), 0);
   EXPECT_LE(total.at("p50_us").number_value(), total.at("p99_us").number_value());
   const Fields& ops = Obj(*v, "ops");
-  for (const char* op : {"gather", "sort", "seqlens", "topk", "sample", "scatter"}) {
+  for (const char* op :
+       {"gather", "sort", "seqlens", "topk", "sample", "scatter", "merge", "split"}) {
     ASSERT_TRUE(ops.contains(op)) << op;
     EXPECT_EQ(ops.at(op).struct_value().fields().at("count").number_value(),
               op == std::string("gather") ? 20 : 10)
         << op;
   }
   const Fields& baseline = Obj(*v, "baseline");
-  EXPECT_EQ(baseline.at("ping").struct_value().fields().at("count").number_value(), 70);
+  EXPECT_EQ(baseline.at("ping").struct_value().fields().at("count").number_value(), 90);
   EXPECT_GT(baseline.at("ratio_p50").struct_value().fields().at("gather").number_value(), 0);
 }
 

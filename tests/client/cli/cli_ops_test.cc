@@ -9,6 +9,7 @@
 #include "client/cli/npy.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/client/cli/cli_fixture.h"
+#include "tests/kernels/merge_split_reference.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::cli::testing {
@@ -134,6 +135,34 @@ TEST_F(CliOpsTest, ScatterInt16) {
                       "--indices=" + Save("idx.npy", idx), "--out=" + dir_.Path("out.npy")});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   ExpectSame("out.npy", all);
+}
+
+// merge then split, seq-first, against the naive references.
+TEST_F(CliOpsTest, MergeThenSplitSeqFirst) {
+  constexpr int64_t kB = 2, kS = 11, kC = 3, kR = 4;
+  NpyArray x = Array(DType::kFloat32, {kS, kB, kC});
+  NpyArray layer = Array(DType::kFloat32, {kR, kB, kC});
+  NpyArray idx = Array(DType::kInt32, {kB, kR});
+  FillRandom(x);
+  FillRandom(layer);
+  FillDistinct<int32_t>(idx, kS);
+  NpyArray merged = Array(DType::kFloat32, {kS, kB, kC});
+  ::tokensel::testing::RefMerge(View(x), View(layer), View(idx), View(merged), false);
+  CliResult r = Run("merge", {"--x=" + Save("x.npy", x), "--layer=" + Save("layer.npy", layer),
+                              "--indices=" + Save("idx.npy", idx), "--seq_first",
+                              "--out=" + dir_.Path("merged.npy")});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  ExpectSame("merged.npy", merged);
+
+  NpyArray layer_grad = Array(DType::kFloat32, {kR, kB, kC});
+  NpyArray rest_grad = Array(DType::kFloat32, {kS, kB, kC});
+  ::tokensel::testing::RefSplit(View(merged), View(idx), View(layer_grad), View(rest_grad), false);
+  r = Run("split",
+          {"--grad=" + dir_.Path("merged.npy"), "--indices=" + dir_.Path("idx.npy"), "--seq_first",
+           "--layer_grad_out=" + dir_.Path("lg.npy"), "--rest_grad_out=" + dir_.Path("rg.npy")});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  ExpectSame("lg.npy", layer_grad);
+  ExpectSame("rg.npy", rest_grad);
 }
 
 TEST_F(CliOpsTest, SeqlensPacked) {

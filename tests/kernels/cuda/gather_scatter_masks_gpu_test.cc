@@ -18,120 +18,19 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/kernels/cuda/gpu_test_util.h"
+#include "tests/kernels/cuda/gpu_twins.h"
 #include "tests/testing/test_tensor.h"
 
 namespace tokensel::kernels::cuda {
 namespace {
 
-using gputest::DeviceBuffer;
-using gputest::DeviceMirror;
-using gputest::TestStream;
+using gputest::IndexError;
+using gputest::MakeIndices;
+using gputest::MakeTwin;
+using gputest::RandomIndices;
 using testing::Layout;
-using testing::TestTensor;
 
 constexpr DType kElemDTypes[] = {DType::kUInt8, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
-
-// One logical tensor twice (cpu oracle / gpu mirror), equal bytes. `step` > 1
-// makes the last dim strided (every step-th element of a wider buffer).
-struct Twin {
-  TestTensor cpu;
-  TestTensor gpu;
-  int64_t step = 1;
-
-  TensorView View(TestTensor& t) const {
-    TensorView v = t.view();
-    v.shape[v.rank - 1] /= step;
-    v.strides[v.rank - 1] *= step;
-    return v;
-  }
-};
-
-std::unique_ptr<Twin> MakeTwin(DType dtype, std::vector<int64_t> shape, Layout layout, int64_t step,
-                               std::mt19937_64& rng) {
-  auto twin = std::make_unique<Twin>();
-  shape.back() *= step;
-  twin->cpu = TestTensor(dtype, shape, layout);
-  twin->gpu = TestTensor(dtype, shape, layout);
-  twin->step = step;
-  const uint64_t seed = rng();
-  std::mt19937_64 a(seed), b(seed);
-  twin->cpu.FillRandom(a);
-  twin->gpu.FillRandom(b);
-  return twin;
-}
-
-// An index twin [rows..., n] holding `values` (row-major).
-std::unique_ptr<Twin> MakeIndices(DType dtype, std::vector<int64_t> shape,
-                                  const std::vector<int64_t>& values, Layout layout,
-                                  std::mt19937_64& rng) {
-  auto twin = MakeTwin(dtype, std::move(shape), layout, 1, rng);
-  for (TestTensor* t : {&twin->cpu, &twin->gpu}) {
-    for (size_t i = 0; i < values.size(); ++i) t->SetIndex(static_cast<int64_t>(i), values[i]);
-  }
-  return twin;
-}
-
-// Runs the CPU op on the cpu views and the CUDA op on device mirrors of the
-// gpu views, then compares statuses and every twin's bytes.
-template <typename Args>
-void Compare(const std::function<Args(const std::vector<TensorView>&)>& make_args,
-             const std::vector<Twin*>& twins,
-             const std::function<absl::Status(const Args&)>& run_cpu,
-             size_t (*ws_bytes)(const Args&), absl::Status (*async)(const Args&, Workspace, Stream),
-             absl::Status (*finish)(const Args&, Workspace, Stream)) {
-  std::vector<TensorView> cpu_views, dev_views;
-  std::vector<std::unique_ptr<DeviceMirror>> mirrors;
-  for (Twin* t : twins) {
-    cpu_views.push_back(t->View(t->cpu));
-    mirrors.push_back(std::make_unique<DeviceMirror>(t->View(t->gpu)));
-    dev_views.push_back(mirrors.back()->view());
-  }
-  const absl::Status cpu_status = run_cpu(make_args(cpu_views));
-  const Args dev_args = make_args(dev_views);
-  TestStream stream;
-  DeviceBuffer ws(std::max<size_t>(ws_bytes(dev_args), 256));
-  absl::Status gpu_status = async(dev_args, ws.workspace(), stream.get());
-  if (gpu_status.ok()) gpu_status = finish(dev_args, ws.workspace(), stream.get());
-  for (auto& m : mirrors) m->CopyBack();
-  EXPECT_EQ(gpu_status, cpu_status);
-  for (size_t i = 0; i < twins.size(); ++i) {
-    EXPECT_TRUE(twins[i]->cpu.Bytes() == twins[i]->gpu.Bytes()) << "tensor " << i << " differs";
-  }
-}
-
-enum class IndexError { kNone, kOutOfRange, kNegative, kDuplicate };
-
-// `rows` rows of `n` indices in [0, s): unique per row when `unique` (n <= s),
-// then one error injected at a random position.
-std::vector<int64_t> RandomIndices(int64_t rows, int64_t n, int64_t s, bool unique,
-                                   IndexError error, std::mt19937_64& rng) {
-  std::vector<int64_t> values;
-  std::vector<int64_t> perm;
-  if (unique) perm.resize(static_cast<size_t>(s));
-  for (int64_t row = 0; row < rows; ++row) {
-    if (unique) std::iota(perm.begin(), perm.end(), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      if (unique) {
-        std::swap(perm[i], perm[i + static_cast<int64_t>(rng() % (s - i))]);
-        values.push_back(perm[i]);
-      } else {
-        values.push_back(static_cast<int64_t>(rng() % s));
-      }
-    }
-  }
-  if (error != IndexError::kNone && !values.empty()) {
-    const size_t at = rng() % values.size();
-    const int64_t pos = static_cast<int64_t>(at) % n;
-    if (error == IndexError::kDuplicate && pos > 0) {
-      values[at] = values[at - 1 - rng() % pos];
-    } else if (error == IndexError::kNegative) {
-      values[at] = -1 - static_cast<int64_t>(rng() % 7);
-    } else {
-      values[at] = s + static_cast<int64_t>(rng() % 3);
-    }
-  }
-  return values;
-}
 
 struct TokenCase {
   DType dtype;
@@ -155,7 +54,7 @@ void RunGather(const TokenCase& k, std::mt19937_64& rng) {
   auto idx = MakeIndices(k.index_dtype, {k.b, k.r},
                          RandomIndices(k.b, k.r, k.s, false, k.error, rng), {}, rng);
   const bool bf = k.batch_first;
-  Compare<GatherTokensArgs>(
+  gputest::Compare<GatherTokensArgs>(
       [&](const std::vector<TensorView>& v) {
         return GatherTokensArgs{v[0], v[1], v[2], bf};
       },
@@ -172,7 +71,7 @@ void RunScatter(const TokenCase& k, std::mt19937_64& rng) {
   auto idx = MakeIndices(k.index_dtype, {k.b, k.r},
                          RandomIndices(k.b, k.r, k.s, true, k.error, rng), {}, rng);
   const bool bf = k.batch_first;
-  Compare<ScatterTokensArgs>(
+  gputest::Compare<ScatterTokensArgs>(
       [&](const std::vector<TensorView>& v) {
         return ScatterTokensArgs{v[0], v[1], v[2], bf};
       },
@@ -270,7 +169,7 @@ void RunBert(const BertCase& k, std::mt19937_64& rng) {
   auto out = MakeTwin(k.dtype, {k.l, k.b, k.h, k.r, k.r}, k.out_layout, 1, rng);
   auto idx = MakeIndices(k.index_dtype, {k.l, k.b, k.r},
                          RandomIndices(k.l * k.b, k.r, k.s, false, k.error, rng), {}, rng);
-  Compare<GatherBertMaskArgs>(
+  gputest::Compare<GatherBertMaskArgs>(
       [&](const std::vector<TensorView>& v) {
         return GatherBertMaskArgs{v[0], v[1], v[2]};
       },
@@ -283,7 +182,7 @@ void RunGpt(DType dtype, int64_t b, int64_t h, int64_t s, int64_t r, Layout mask
             Layout out_layout, std::mt19937_64& rng) {
   auto mask = MakeTwin(dtype, {b, h, s, s}, mask_layout, 1, rng);
   auto out = MakeTwin(dtype, {b, h, r, r}, out_layout, 1, rng);
-  Compare<SliceGptMaskArgs>(
+  gputest::Compare<SliceGptMaskArgs>(
       [&](const std::vector<TensorView>& v) {
         return SliceGptMaskArgs{v[0], v[1]};
       },

@@ -174,6 +174,45 @@ TEST(OracleArgsTest, GatherAndScatterRunWithoutChannels) {
   }
 }
 
+TEST(OracleArgsTest, MergeAndSplitRunWithoutChannels) {
+  std::mt19937_64 rng(4);
+  const int64_t b = 3, s = 50, r = 7, c = 6;
+  for (DType index : {DType::kInt32, DType::kInt64}) {
+    for (bool bf : {true, false}) {
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "index " << static_cast<int>(index) << " bf " << bf
+                                          << " in place " << in_place);
+        const auto tokens = [&](Buffer& buf, int64_t n) {
+          return bf ? TensorView::Contiguous(buf.get(), DType::kFloat32, {b, n, c})
+                    : TensorView::Contiguous(buf.get(), DType::kFloat32, {n, b, c});
+        };
+        Buffer x(b * s * c * 4), layer(b * r * c * 4), out(b * s * c * 4);
+        Indices idx(index, {b, r}, 2);
+        FillValid(idx, s, /*unique=*/true, rng);
+        const MergeTokensArgs m{tokens(x, s), tokens(layer, r), idx.View(),
+                                in_place ? tokens(x, s) : tokens(out, s), bf};
+        const MergeTokensArgs mo = MergeTokensOracleArgs(m, idx.compact.get());
+        EXPECT_EQ(mo.x.NumElements(), 0);
+        EXPECT_EQ(mo.layer.NumElements(), 0);
+        EXPECT_EQ(mo.out.NumElements(), 0);
+        ExpectSameMessages(
+            idx, s, /*unique=*/true, rng, [&] { return cpu::MergeTokens(m, nullptr); },
+            [&] { return cpu::MergeTokens(mo, nullptr); });
+
+        const SplitTokensArgs p{tokens(x, s), idx.View(), tokens(layer, r),
+                                in_place ? tokens(x, s) : tokens(out, s), bf};
+        const SplitTokensArgs po = SplitTokensOracleArgs(p, idx.compact.get());
+        EXPECT_EQ(po.grad.NumElements(), 0);
+        EXPECT_EQ(po.layer_grad.NumElements(), 0);
+        EXPECT_EQ(po.rest_grad.NumElements(), 0);
+        ExpectSameMessages(
+            idx, s, /*unique=*/true, rng, [&] { return cpu::SplitTokens(p, nullptr); },
+            [&] { return cpu::SplitTokens(po, nullptr); });
+      }
+    }
+  }
+}
+
 TEST(OracleArgsTest, GatherBertMaskRunsOnOneHeadAndABroadcastMask) {
   std::mt19937_64 rng(5);
   const int64_t l = 2, b = 2, h = 3, s = 40, r = 9;

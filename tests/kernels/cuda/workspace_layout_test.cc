@@ -129,6 +129,20 @@ TEST(WorkspaceLayoutTest, IndexOps) {
       ExpectSections({{"snapshot", sl.snapshot, Bytes(idx)}, {"bitmap", sl.bitmap, bitmap}},
                      sl.total);
       EXPECT_EQ(ScatterTokensWorkspaceBytes(sc), sl.total);
+
+      const MergeTokensArgs m{tokens(0, s), tokens(2, r), idx, tokens(3, s), bf};
+      const IndexOpLayout ml = MergeTokensLayout(m);
+      ExpectSections({{"snapshot", ml.snapshot, Bytes(idx)}, {"bitmap", ml.bitmap, bitmap}},
+                     ml.total);
+      EXPECT_EQ(MergeTokensWorkspaceBytes(m), ml.total);
+
+      const SplitTokensArgs p{tokens(0, s), idx, tokens(2, r), tokens(0, s), bf};  // in place
+      const SplitLayout pl = SplitTokensLayout(p);
+      ExpectSections({{"snapshot", pl.index.snapshot, Bytes(idx)},
+                      {"bitmap", pl.index.bitmap, bitmap},
+                      {"zeros", pl.zeros, 8}},
+                     pl.total);
+      EXPECT_EQ(SplitTokensWorkspaceBytes(p), pl.total);
     }
     const TensorView idx = View(1, index, {4, 2, 33});
     const GatherBertMaskArgs bert{View(0, DType::kBool, {2, 3, 1, 50}), idx,

@@ -290,6 +290,49 @@ TEST(OpTest, TopKTokensEveryField) {
   EXPECT_FALSE(op->ids.has_value());
 }
 
+TEST(OpTest, MergeTokensEveryFieldAndTheDefaults) {
+  v1::MergeTokensRequest req;
+  *req.mutable_x() = BufferTensor(1);
+  *req.mutable_layer() = BufferTensor(2);
+  *req.mutable_indices() = BufferTensor(3);
+  absl::StatusOr<core::MergeTokensRequest> op = OpFromProto(req);
+  ASSERT_OK(op);
+  ExpectBufferTensor(op->x, 1);
+  ExpectBufferTensor(op->layer, 2);
+  ExpectBufferTensor(op->indices, 3);
+  EXPECT_FALSE(op->out.has_value()) << "absent out = inline";
+  EXPECT_TRUE(op->batch_first) << "absent batch_first = true";
+  *req.mutable_out() = BufferTensor(4);
+  req.set_batch_first(false);
+  op = OpFromProto(req);
+  ASSERT_OK(op);
+  ExpectBufferTensor(op->out, 4);
+  EXPECT_FALSE(op->batch_first);
+  req.set_batch_first(true);
+  EXPECT_TRUE(OpFromProto(req)->batch_first);
+}
+
+TEST(OpTest, SplitTokensEveryFieldAndTheDefaults) {
+  v1::SplitTokensRequest req;
+  *req.mutable_grad() = BufferTensor(1);
+  *req.mutable_indices() = BufferTensor(2);
+  absl::StatusOr<core::SplitTokensRequest> op = OpFromProto(req);
+  ASSERT_OK(op);
+  ExpectBufferTensor(op->grad, 1);
+  ExpectBufferTensor(op->indices, 2);
+  EXPECT_FALSE(op->layer_grad.has_value()) << "absent layer_grad = inline";
+  EXPECT_FALSE(op->rest_grad.has_value()) << "absent rest_grad = inline";
+  EXPECT_TRUE(op->batch_first) << "absent batch_first = true";
+  *req.mutable_layer_grad() = BufferTensor(3);
+  *req.mutable_rest_grad() = BufferTensor(4);
+  req.set_batch_first(false);
+  op = OpFromProto(req);
+  ASSERT_OK(op);
+  ExpectBufferTensor(op->layer_grad, 3);
+  ExpectBufferTensor(op->rest_grad, 4);
+  EXPECT_FALSE(op->batch_first);
+}
+
 TEST(OpTest, OneofPicksTheOperatorAndUnsetIsAnError) {
   v1::Op op;
   op.mutable_top_k_tokens()->set_retained_tokens(3);
@@ -310,6 +353,8 @@ TEST(OpTest, OneofPicksTheOperatorAndUnsetIsAnError) {
       {[](v1::Op* o) { o->mutable_segment_seqlens(); }, 5},
       {[](v1::Op* o) { o->mutable_sample_tokens(); }, 6},
       {[](v1::Op* o) { o->mutable_top_k_tokens(); }, 7},
+      {[](v1::Op* o) { o->mutable_merge_tokens(); }, 8},
+      {[](v1::Op* o) { o->mutable_split_tokens(); }, 9},
   };
   for (const auto& c : cases) {
     v1::Op o;
