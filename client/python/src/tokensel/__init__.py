@@ -15,14 +15,15 @@ from tokensel.errors import (AlreadyExistsError, CudaUnavailableError, DeadlineE
                              NotFoundError, OutOfRangeError, PermissionDeniedError,
                              ResourceExhaustedError, TlsHandshakeError, TokenselError,
                              UnauthenticatedError, UnavailableError)
-from tokensel.ops import PreparedOp, SampleResult, SortResult
+from tokensel.ops import PreparedOp, SampleResult, SortResult, SplitResult
 from tokensel.shm import SharedBuffer
+from tokensel.stream import Stream
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "SESSION_KEY", "Client", "CudaBuffer", "SharedBuffer", "PreparedOp", "SampleResult",
-    "SortResult", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
+    "SESSION_KEY", "Client", "CudaBuffer", "SharedBuffer", "Stream", "PreparedOp", "SampleResult",
+    "SortResult", "SplitResult", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
     "AlreadyExistsError", "PermissionDeniedError", "FailedPreconditionError",
     "CudaUnavailableError", "ResourceExhaustedError", "UnavailableError", "TlsHandshakeError",
     "UnauthenticatedError",

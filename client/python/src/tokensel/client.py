@@ -42,6 +42,7 @@ from tokensel import credentials as credentials_module
 from tokensel import cuda_ipc, errors, shm
 from tokensel import fd_channel as fd_channel_module
 from tokensel.ops import OP_NAMES, OpBuilder
+from tokensel.stream import Stream
 from tokensel.v1 import tokensel_pb2 as pb
 from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
 
@@ -124,7 +125,16 @@ class Client:
             return getattr(self._stub, method)(
                 request, timeout=self.timeout if timeout is None else timeout, metadata=metadata)
         except grpc.RpcError as err:
-            raise self._security.explain(errors.from_rpc_error(err)) from None
+            raise self._explain(err) from None
+
+    def _explain(self, rpc_error):
+        """The TokenselError for a grpc.RpcError of this channel."""
+        return self._security.explain(errors.from_rpc_error(rpc_error))
+
+    def _open_stream(self, requests, timeout):
+        """A Stream call with this session, fed from the iterator `requests`."""
+        return self._stub.Stream(requests, timeout=timeout,
+                                 metadata=((SESSION_KEY, self.session_id),))
 
     def _open_session(self):
         return self.call("OpenSession", pb.OpenSessionRequest(
@@ -301,6 +311,12 @@ class Client:
     def run(self, prepared):
         """Runs one PreparedOp (from `client.ops`) with its own RPC."""
         return prepared.finish(self.call(prepared.rpc, prepared.request))
+
+    def stream(self, *, window=16, timeout=None):
+        """Opens a tokensel.Stream on this session: PreparedOps pipelined on
+        one Stream RPC (`submit` returns a future; `map` runs many). Use it as
+        a context manager; see tokensel.stream."""
+        return Stream(self, window=window, timeout=timeout)
 
     def execute(self, prepared_ops):
         """Runs PreparedOps (from `client.ops`) in order in one round trip;

@@ -1,4 +1,4 @@
-"""Request builders for the eight operators (contracts: docs/ops.md).
+"""Request builders for the operators (contracts: docs/ops.md).
 
 `OpBuilder` methods return a `PreparedOp`; `Client` runs one with its RPC
 (`client.gather_tokens(...)`) or several in one round trip
@@ -19,6 +19,7 @@ from tokensel.v1 import tokensel_pb2 as pb
 
 SortResult = collections.namedtuple("SortResult", ["ids", "inverse"])
 SampleResult = collections.namedtuple("SampleResult", ["ids", "inverse", "bert_mask", "gpt_mask"])
+SplitResult = collections.namedtuple("SplitResult", ["layer_grad", "rest_grad"])
 
 SEGMENT_OUTPUTS = ("q_seqlen", "q_offset", "kv_seqlen", "kv_offset", "q_packed_seqlens",
                    "q_packed_offsets", "q_cu_seqlens", "kv_packed_seqlens",
@@ -128,8 +129,14 @@ class OpBuilder:
         return PreparedOp("gather_bert_mask", "GatherBertMask", req,
                           lambda o: self._result(o, "out", sink))
 
-    def slice_gpt_mask(self, mask, retained_tokens=0, *, out=None):
-        """out = mask[:, :, :R, :R]; R from `out` when given."""
+    def slice_gpt_mask(self, mask, retained_tokens=None, *, out=None):
+        """out = mask[:, :, :R, :R]: R is `retained_tokens`, or when that is
+        None the last dimension of `out` (one of the two is required)."""
+        if retained_tokens is None:
+            if out is None or not hasattr(out, "shape") or len(out.shape) == 0:
+                raise ValueError("slice_gpt_mask needs retained_tokens or an `out` array "
+                                 "to take R from")
+            retained_tokens = out.shape[-1]
         req = pb.SliceGptMaskRequest(retained_tokens=int(retained_tokens))
         self._in(req, "mask", mask)
         sink = self._out(req, "out", out)
@@ -191,6 +198,33 @@ class OpBuilder:
         return PreparedOp("top_k_tokens", "TopKTokens", req,
                           lambda o: self._result(o, "ids", sink))
 
+    def merge_tokens(self, x, layer, indices, *, out=None, batch_first=True):
+        """out[b, s] = layer[b, r] where indices[b, r] == s, else x[b, s]
+        ([B,S,C] x [B,R,C] -> [B,S,C]; seq-first with batch_first=False):
+        Random-LTD's scatter without the clone. `out=x` with x in a
+        registered buffer merges in place."""
+        req = pb.MergeTokensRequest(batch_first=bool(batch_first))
+        self._in(req, "x", x)
+        self._in(req, "layer", layer)
+        self._in(req, "indices", indices)
+        sink = self._out(req, "out", out)
+        return PreparedOp("merge_tokens", "MergeTokens", req,
+                          lambda o: self._result(o, "out", sink))
+
+    def split_tokens(self, grad, indices, *, layer_grad=None, rest_grad=None, batch_first=True):
+        """MergeTokens' adjoint: layer_grad = grad gathered at `indices`
+        ([B,R,C]), rest_grad = grad with those rows zeroed ([B,S,C]).
+        `rest_grad=grad` with grad in a registered buffer zeroes in place.
+        Returns SplitResult(layer_grad, rest_grad)."""
+        req = pb.SplitTokensRequest(batch_first=bool(batch_first))
+        self._in(req, "grad", grad)
+        self._in(req, "indices", indices)
+        layer_sink = self._out(req, "layer_grad", layer_grad)
+        rest_sink = self._out(req, "rest_grad", rest_grad)
+        return PreparedOp("split_tokens", "SplitTokens", req, lambda o: SplitResult(
+            self._result(o, "layer_grad", layer_sink), self._result(o, "rest_grad", rest_sink)))
+
 
 OP_NAMES = ("sort_tokens", "gather_tokens", "scatter_tokens", "gather_bert_mask",
-            "slice_gpt_mask", "segment_seqlens", "sample_tokens", "topk_tokens")
+            "slice_gpt_mask", "segment_seqlens", "sample_tokens", "topk_tokens", "merge_tokens",
+            "split_tokens")
