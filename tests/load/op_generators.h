@@ -1,6 +1,8 @@
 // Random operator requests for the load worker, one generator per tokensel
 // operator, each with its CPU-oracle result recorded through a CaseBuilder
-// (tests/load/case_builder.h).
+// (tests/load/case_builder.h). GatherTokens' expected result comes from the
+// naive reference of tests/kernels instead (independent of kernels/), so a
+// kernel bug shows up as a mismatch rather than as agreement.
 //
 //   CaseBuilder b(memory, &rng);
 //   v1::Op op = BuildOp(OpKind::kGather, b, /*shm_only=*/false);

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/tensor_view.h"
+#include "tests/kernels/gather_reference.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tokensel/client/client.h"
@@ -132,6 +133,35 @@ TEST_F(ClientOpsTest, GatherByReferenceMatchesCpuOracle) {
     EXPECT_EQ(resp->outputs_size(), 0);  // written in place
     EXPECT_EQ(std::memcmp(oracle.data(), region_->data(), kRegionBytes), 0);
   }
+}
+
+// The same through the naive reference of tests/kernels (independent of
+// kernels/), so a CPU kernel bug cannot make the oracle agree with the
+// server; batch_first left unset (documented default: true).
+TEST_F(ClientOpsTest, GatherByReferenceMatchesNaiveReference) {
+  const int64_t B = 2, S = 13, C = 7, R = 5;
+  const std::vector<int64_t> act_strides = {S * (C + 2), C + 2, 1};
+  const uint64_t act_offset = 256 + 2, idx_offset = 32 * 1024, out_offset = 64 * 1024 + 6;
+  const std::vector<int64_t> ids = UniqueRows(B, R, S);
+  std::memcpy(region_->data() + idx_offset, ids.data(), ids.size() * sizeof(int64_t));
+  std::vector<uint8_t> want(region_->data(), region_->data() + kRegionBytes);
+  testing::RefGather(
+      TensorView::Strided(want.data() + act_offset, DType::kFloat16, {B, S, C}, act_strides),
+      TensorView::Contiguous(want.data() + idx_offset, DType::kInt64, {B, R}),
+      TensorView::Contiguous(want.data() + out_offset, DType::kFloat16, {B, R, C}), true);
+  v1::GatherTokensRequest req;
+  *req.mutable_activations() = TensorRef::InBuffer("region", act_offset)
+                                   .Dtype(v1::DTYPE_FLOAT16)
+                                   .Shape({B, S, C})
+                                   .Strides(act_strides)
+                                   .ToProto();
+  *req.mutable_indices() =
+      TensorRef::InBuffer("region", idx_offset).Dtype(v1::DTYPE_INT64).Shape({B, R}).ToProto();
+  *req.mutable_out() =
+      TensorRef::InBuffer("region", out_offset).Dtype(v1::DTYPE_FLOAT16).Shape({B, R, C}).ToProto();
+  absl::StatusOr<v1::OpResponse> resp = session_->client().GatherTokens(req);
+  ASSERT_OK(resp.status());
+  EXPECT_EQ(std::memcmp(want.data(), region_->data(), kRegionBytes), 0);
 }
 
 TEST_F(ClientOpsTest, InlineSortScatterTopKMatchCpuOracle) {
