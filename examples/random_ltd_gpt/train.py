@@ -89,6 +89,7 @@ def worker(args):
                             world_size=WORLD)
     client = tokensel.Client(args.target, client_name="train-%s-%d" % (args.worker, args.rank))
     arena = tst.Arena(client)
+    rpc = time_rpcs(client)
     log = []
     torch.manual_seed(args.seed)  # the same initial weights in both runs and on both ranks
     model = GPT(args.vocab, args.d_model, args.layers, args.heads, log, args.recompute)
@@ -116,6 +117,7 @@ def worker(args):
         retained = ltd.update(step)
         tokens = sample_batch(chain, args.batch, args.seq + 1, args.seed, args.rank, step)
         client_before, arena_before = client.stats.snapshot(), arena.stats.snapshot()
+        rpc[:] = [0, 0.0]
         del log[:]
         start = time.perf_counter()
         logits = ddp(tokens[:, :-1])
@@ -142,6 +144,7 @@ def worker(args):
         records.append({
             "step": step, "retained": retained, "loss": loss.item(),
             "mean_loss": mean_loss.item() / WORLD, "time_s": elapsed,
+            "rpcs": rpc[0], "rpc_time_s": rpc[1],
             "ids_digest": [int(c[0].sum()) for c in seen.values()],
             "inline_bytes_sent": after_c["inline_bytes_sent"] - client_before["inline_bytes_sent"],
             "inline_bytes_received": (after_c["inline_bytes_received"]
@@ -160,6 +163,22 @@ def worker(args):
     dist.destroy_process_group()
     arena.close()
     client.close()
+
+
+def time_rpcs(client):
+    """Counts the client's RPCs and the seconds spent in them: [calls, seconds]."""
+    acc = [0, 0.0]
+    call = client.call
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            acc[0] += 1
+            acc[1] += time.perf_counter() - start
+    client.call = timed
+    return acc
 
 
 def markov_chain(vocab, seed):
@@ -341,11 +360,12 @@ def main(args):
                         == [r["ids_digest"] for r in b["records"]] for a, b in zip(ours, ref))
     weights_identical = same_weights(os.path.join(args.out_dir, "tokensel-weights.pt"),
                                      os.path.join(args.out_dir, "reference-weights.pt"))
-    print("step    R   loss tokensel     loss reference    ms tokensel  ms reference")
+    print("step    R   loss tokensel     loss reference    ms tokensel (in RPCs)  ms reference")
     for a, b in zip(ours[0]["records"], ref[0]["records"]):
-        print("%4d %4d  %.9f  %s %.9f  %11.2f  %12.2f" % (
+        print("%4d %4d  %.9f  %s %.9f  %11.2f (%3d: %6.2f)  %12.2f" % (
             a["step"], a["retained"], a["mean_loss"], "==" if a["mean_loss"] == b["mean_loss"]
-            else "!=", b["mean_loss"], 1000 * a["time_s"], 1000 * b["time_s"]))
+            else "!=", b["mean_loss"], 1000 * a["time_s"], a["rpcs"], 1000 * a["rpc_time_s"],
+            1000 * b["time_s"]))
     t_ours = sorted(r["time_s"] for r in ours[0]["records"][2:])
     t_ref = sorted(r["time_s"] for r in ref[0]["records"][2:])
     med = lambda xs: xs[len(xs) // 2] if xs else float("nan")  # noqa: E731
@@ -357,6 +377,9 @@ def main(args):
         "median_step_ms": {"tokensel": 1000 * med(t_ours), "reference": 1000 * med(t_ref)},
         "mean_step_ms": {"tokensel": 1000 * sum(t_ours) / max(len(t_ours), 1),
                          "reference": 1000 * sum(t_ref) / max(len(t_ref), 1)},
+        "steady_rpcs_per_step": {"tokensel": st[-1]["rpcs"],
+                                 "reference": steady(ref[0]["records"], args)[-1]["rpcs"]},
+        "steady_rpc_ms_per_step_median": 1000 * med(sorted(r["rpc_time_s"] for r in st)),
         "steady_state_steps": [r["step"] for r in st],
         "steady_inline_bytes_per_step": {
             "sent": max(r["inline_bytes_sent"] for r in st),
