@@ -17,6 +17,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   python3-torch python3-numpy python3-venv python3-pip
+  python3-matplotlib  # examples/random_ltd_gpt plots its loss curves
   clang libclang-rt-14-dev
   clang-format clang-tidy  # the style gate (scripts/check-style.sh, ctest -L style)
 )

@@ -7,6 +7,7 @@
         part = client.gather_tokens(hidden, ids[0])          # numpy in, numpy out
 
 API contract: proto/tokensel/v1/tokensel.proto; operators: docs/ops.md.
+PyTorch autograd functions and Random-LTD layers: tokensel.torch (needs torch).
 """
 from tokensel.client import SESSION_KEY, Client
 from tokensel.cuda_ipc import CudaBuffer
@@ -18,12 +19,13 @@ from tokensel.errors import (AlreadyExistsError, CudaUnavailableError, DeadlineE
 from tokensel.ops import PreparedOp, SampleResult, SortResult, SplitResult
 from tokensel.shm import SharedBuffer
 from tokensel.stream import Stream
+from tokensel.tensors import TransferStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SESSION_KEY", "Client", "CudaBuffer", "SharedBuffer", "Stream", "PreparedOp", "SampleResult",
-    "SortResult", "SplitResult", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
+    "SortResult", "SplitResult", "TransferStats", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
     "AlreadyExistsError", "PermissionDeniedError", "FailedPreconditionError",
     "CudaUnavailableError", "ResourceExhaustedError", "UnavailableError", "TlsHandshakeError",
     "UnauthenticatedError",

@@ -43,6 +43,7 @@ from tokensel import cuda_ipc, errors, shm
 from tokensel import fd_channel as fd_channel_module
 from tokensel.ops import OP_NAMES, OpBuilder
 from tokensel.stream import Stream
+from tokensel.tensors import TransferStats, as_array, layout_of
 from tokensel.v1 import tokensel_pb2 as pb
 from tokensel.v1 import tokensel_pb2_grpc as pb_grpc
 
@@ -98,7 +99,9 @@ class Client:
         self._keepalive_thread = None
         self.keepalive_error = None  # last KeepAlive failure, if any
         self.session_id = None
-        self.ops = OpBuilder(self._find_region)
+        # Bytes staged inline vs tensors passed by reference (tensors.TransferStats).
+        self.stats = TransferStats()
+        self.ops = OpBuilder(self._find_region, self.stats)
         try:
             self.server_info = self.call("GetServerInfo", pb.GetServerInfoRequest(), session=False)
             opened = self._open_session()
@@ -301,6 +304,16 @@ class Client:
             registered = self._regions.pop(buf.name, None) is not None
         if registered and self.session_id is not None:
             self.call("UnregisterBuffer", pb.UnregisterBufferRequest(name=buf.name))
+
+    def registered_buffer(self, x):
+        """The name of the registered buffer holding all of array/tensor `x`
+        (which ops then pass by reference), or None (it would go inline)."""
+        layout = layout_of(as_array(x))
+        extent = layout.extent()
+        if not extent:
+            return None
+        found = self._find_region(layout.address, extent, layout.device)
+        return found[0] if found else None
 
     def list_buffers(self):
         """This session's buffers as tokensel.v1.BufferInfo messages."""

@@ -32,13 +32,18 @@ class PreparedOp:
     """One operator request: `field` names it in tokensel.v1.Op, `rpc` is the
     unary method, `finish(OpResponse)` builds the Python result."""
 
-    def __init__(self, field, rpc, request, finish):
+    def __init__(self, field, rpc, request, finish, stats=None):
         self.field = field
         self.rpc = rpc
         self.request = request
         self._finish = finish
+        self._stats = stats
 
     def finish(self, response):
+        if self._stats is not None:
+            inline = [len(o.tensor.inline_data) for o in response.outputs
+                      if o.tensor.WhichOneof("data") == "inline_data"]
+            self._stats._add(inline_bytes_received=sum(inline), inline_tensors_received=len(inline))
         return self._finish({o.name: decode(o.tensor) for o in response.outputs})
 
 
@@ -51,8 +56,12 @@ def _put(message, field, tensor):
 class OpBuilder:
     """Builds requests against one client's registered buffers."""
 
-    def __init__(self, find_region):
-        self._codec = Codec(find_region)
+    def __init__(self, find_region, stats=None):
+        self._codec = Codec(find_region, stats)
+        self.stats = self._codec.stats
+
+    def _prepared(self, field, rpc, req, finish):
+        return PreparedOp(field, rpc, req, finish, self.stats)
 
     def _in(self, req, field, x):
         _put(req, field, self._codec.input(x, field))
@@ -97,7 +106,7 @@ class OpBuilder:
         def finish(o):
             sorted_ids = sink.deliver(o.get("out")) if sink else o.get("out", ids)
             return SortResult(sorted_ids, self._result(o, "inverse", inv_sink))
-        return PreparedOp("sort_tokens", "SortTokens", req, finish)
+        return self._prepared("sort_tokens", "SortTokens", req, finish)
 
     def gather_tokens(self, activations, indices, *, out=None, batch_first=True):
         """out[b, r] = activations[b, indices[b, r]] ([B,S,C] -> [B,R,C]);
@@ -106,7 +115,7 @@ class OpBuilder:
         self._in(req, "activations", activations)
         self._in(req, "indices", indices)
         sink = self._out(req, "out", out)
-        return PreparedOp("gather_tokens", "GatherTokens", req,
+        return self._prepared("gather_tokens", "GatherTokens", req,
                           lambda o: self._result(o, "out", sink))
 
     def scatter_tokens(self, all, layer, indices, *, batch_first=True):  # noqa: A002
@@ -116,7 +125,7 @@ class OpBuilder:
         self._in(req, "all", all) if sink.copy else _put(req, "all", tensor)
         self._in(req, "layer", layer)
         self._in(req, "indices", indices)
-        return PreparedOp("scatter_tokens", "ScatterTokens", req,
+        return self._prepared("scatter_tokens", "ScatterTokens", req,
                           lambda o: sink.deliver(o.get("all")))
 
     def gather_bert_mask(self, mask, indices, *, out=None):
@@ -126,7 +135,7 @@ class OpBuilder:
         self._in(req, "mask", mask)
         self._in(req, "indices", indices)
         sink = self._out(req, "out", out)
-        return PreparedOp("gather_bert_mask", "GatherBertMask", req,
+        return self._prepared("gather_bert_mask", "GatherBertMask", req,
                           lambda o: self._result(o, "out", sink))
 
     def slice_gpt_mask(self, mask, retained_tokens=None, *, out=None):
@@ -140,7 +149,7 @@ class OpBuilder:
         req = pb.SliceGptMaskRequest(retained_tokens=int(retained_tokens))
         self._in(req, "mask", mask)
         sink = self._out(req, "out", out)
-        return PreparedOp("slice_gpt_mask", "SliceGptMask", req,
+        return self._prepared("slice_gpt_mask", "SliceGptMask", req,
                           lambda o: self._result(o, "out", sink))
 
     def segment_seqlens(self, segment_ids_q, max_segments, *, segment_pos_q=None,
@@ -169,7 +178,7 @@ class OpBuilder:
             result = dict(o)
             result.update({name: sink.deliver(o.get(name)) for name, sink in sinks.items()})
             return result
-        return PreparedOp("segment_seqlens", "SegmentSeqlens", req, finish)
+        return self._prepared("segment_seqlens", "SegmentSeqlens", req, finish)
 
     def sample_tokens(self, layers, batch, original_tokens, retained_tokens, seed, step, *,
                       ids=None, inverse=False, mask=None, bert_mask=False, gpt_mask=False):
@@ -186,7 +195,7 @@ class OpBuilder:
         sinks = {"ids": self._out(req, "ids", ids)}
         for field, x in (("inverse", inverse), ("bert_mask", bert_mask), ("gpt_mask", gpt_mask)):
             sinks[field] = self._opt_out(req, field, x)
-        return PreparedOp("sample_tokens", "SampleTokens", req, lambda o: SampleResult(
+        return self._prepared("sample_tokens", "SampleTokens", req, lambda o: SampleResult(
             *(self._result(o, f, sinks[f]) for f in SampleResult._fields)))
 
     def topk_tokens(self, scores, retained_tokens, *, ids=None):
@@ -195,7 +204,7 @@ class OpBuilder:
         req = pb.TopKTokensRequest(retained_tokens=int(retained_tokens))
         self._in(req, "scores", scores)
         sink = self._out(req, "ids", ids)
-        return PreparedOp("top_k_tokens", "TopKTokens", req,
+        return self._prepared("top_k_tokens", "TopKTokens", req,
                           lambda o: self._result(o, "ids", sink))
 
     def merge_tokens(self, x, layer, indices, *, out=None, batch_first=True):
@@ -208,7 +217,7 @@ class OpBuilder:
         self._in(req, "layer", layer)
         self._in(req, "indices", indices)
         sink = self._out(req, "out", out)
-        return PreparedOp("merge_tokens", "MergeTokens", req,
+        return self._prepared("merge_tokens", "MergeTokens", req,
                           lambda o: self._result(o, "out", sink))
 
     def split_tokens(self, grad, indices, *, layer_grad=None, rest_grad=None, batch_first=True):
@@ -221,7 +230,7 @@ class OpBuilder:
         self._in(req, "indices", indices)
         layer_sink = self._out(req, "layer_grad", layer_grad)
         rest_sink = self._out(req, "rest_grad", rest_grad)
-        return PreparedOp("split_tokens", "SplitTokens", req, lambda o: SplitResult(
+        return self._prepared("split_tokens", "SplitTokens", req, lambda o: SplitResult(
             self._result(o, "layer_grad", layer_sink), self._result(o, "rest_grad", rest_sink)))
 
 

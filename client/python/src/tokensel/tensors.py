@@ -8,7 +8,12 @@ else is sent inline (row-major bytes). CUDA tensors are by reference only.
 Outputs: `None` asks for the result inline (it is returned); an array inside a
 registered buffer is written in place by the server; any other array gets the
 inline result copied into it (so `out=` works for plain arrays too).
+
+Every inline byte is counted in the client's TransferStats (`client.stats`):
+what a caller staged because a tensor was not in registered memory.
 """
+import threading
+
 import numpy as np
 
 from tokensel import dtypes
@@ -53,6 +58,11 @@ class _Layout:
             + self.itemsize
 
 
+def layout_of(x):
+    """dtype/shape/strides/address/device of a numpy array or torch tensor."""
+    return _Layout(x)
+
+
 def as_array(x):
     """numpy arrays and torch tensors pass through; anything else goes
     through np.asarray (lists, scalars)."""
@@ -71,12 +81,47 @@ def _inline_bytes(x):
     return np.ascontiguousarray(x).tobytes()
 
 
+class TransferStats:
+    """Client-side counts of how tensors travelled, since creation or the
+    last reset(): `inline_bytes_sent` / `inline_tensors_sent` (inputs staged
+    inline because they were not in registered memory), `inline_bytes_received`
+    / `inline_tensors_received` (results returned inline), `by_reference`
+    (inputs and outputs passed as buffer references). Thread-safe."""
+
+    FIELDS = ("inline_bytes_sent", "inline_tensors_sent", "inline_bytes_received",
+              "inline_tensors_received", "by_reference")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self._lock:
+            for f in self.FIELDS:
+                setattr(self, f, 0)
+
+    def snapshot(self):
+        """The counts as a dict."""
+        with self._lock:
+            return {f: getattr(self, f) for f in self.FIELDS}
+
+    def _add(self, **counts):
+        with self._lock:
+            for f, n in counts.items():
+                setattr(self, f, getattr(self, f) + n)
+
+    def __repr__(self):
+        return "TransferStats(%s)" % ", ".join("%s=%d" % kv for kv in self.snapshot().items())
+
+
 class Codec:
     """Encodes one request's tensors; `find_region(address, extent, device)`
-    returns (buffer_name, region_address) or None."""
+    returns (buffer_name, region_address) or None. Counts into `stats` (a
+    TransferStats) when given."""
 
-    def __init__(self, find_region):
+    def __init__(self, find_region, stats=None):
         self._find_region = find_region
+        self.stats = stats if stats is not None else TransferStats()
 
     def _ref(self, layout, field):
         extent = layout.extent()
@@ -93,6 +138,7 @@ class Codec:
         t = pb.Tensor(dtype=layout.dtype, shape=layout.shape, strides=layout.strides)
         t.buffer.buffer = name
         t.buffer.byte_offset = layout.address - base
+        self.stats._add(by_reference=1)
         return t
 
     def input(self, x, field):
@@ -105,7 +151,9 @@ class Codec:
         if layout.device != "cpu":  # zero-size device tensors land here
             raise FailedPreconditionError("%s: %s tensors are sent by reference only"
                                           % (field, layout.device))
-        return pb.Tensor(dtype=layout.dtype, shape=layout.shape, inline_data=_inline_bytes(x))
+        data = _inline_bytes(x)
+        self.stats._add(inline_bytes_sent=len(data), inline_tensors_sent=1)
+        return pb.Tensor(dtype=layout.dtype, shape=layout.shape, inline_data=data)
 
     def output(self, x, field):
         """(pb.Tensor, sink) for an output: `x` None asks for it inline; a
