@@ -12,7 +12,8 @@
 ABSL_DECLARE_FLAG(std::string, layer);  // scatter.cc
 ABSL_FLAG(std::string, x, "", "input .npy: [B,S,C] (or [S,B,C]), the layer's input");
 ABSL_FLAG(std::string, grad, "", "input .npy: [B,S,C] (or [S,B,C]), the merged output's gradient");
-ABSL_FLAG(std::string, layer_grad_out, "", "output .npy: [B,R,C] (or [R,B,C]), grad's retained rows");
+ABSL_FLAG(std::string, layer_grad_out, "",
+          "output .npy: [B,R,C] (or [R,B,C]), grad's retained rows");
 ABSL_FLAG(std::string, rest_grad_out, "", "output .npy: grad with the retained rows zeroed");
 
 namespace tokensel::cli {

@@ -61,21 +61,20 @@ void CopyOtherRows(const TensorView& dst, const TensorView& src, const TokenDims
                    const uint64_t* bits, bool batch_first, ThreadPool* pool) {
   const int64_t rows = d.batch * d.seq;
   const int64_t words = WordsPerRow(d.seq);
-  DispatchRowCopy(dst.elem_size(), d.channels, dst.strides[2], src.strides[2], rows,
-                  [&](const auto& copy) {
-                    ParallelFor(pool, rows, RowGrain(d.channels * dst.elem_size()),
-                                [&](int64_t begin, int64_t end) {
-                                  for (int64_t row = begin; row < end; ++row) {
-                                    // In dst's own order: (b, s) for batch_first, (s, b) else.
-                                    const BatchPos p =
-                                        RetainedRowToBatchPos(row, d.batch, d.seq, batch_first);
-                                    if (IsMember(bits, words, p.b, p.r)) continue;
-                                    copy(dst.At(TokenOffset(dst, batch_first, p.b, p.r)),
-                                         src.At(TokenOffset(src, batch_first, p.b, p.r)));
-                                  }
-                                  copy.Finish();
-                                });
-                  });
+  DispatchRowCopy(
+      dst.elem_size(), d.channels, dst.strides[2], src.strides[2], rows, [&](const auto& copy) {
+        ParallelFor(pool, rows, RowGrain(d.channels * dst.elem_size()),
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t row = begin; row < end; ++row) {
+                        // In dst's own order: (b, s) for batch_first, (s, b) else.
+                        const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.seq, batch_first);
+                        if (IsMember(bits, words, p.b, p.r)) continue;
+                        copy(dst.At(TokenOffset(dst, batch_first, p.b, p.r)),
+                             src.At(TokenOffset(src, batch_first, p.b, p.r)));
+                      }
+                      copy.Finish();
+                    });
+      });
 }
 
 // For every (b, r): copy(token (b, idx[b, r]) of `tokens`, row (b, r) of
@@ -90,8 +89,8 @@ void CopyRetainedRows(const TensorView& tokens, const TensorView& retained, cons
     ParallelFor(pool, rows, RowGrain(d.channels * elem), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
-        char* token = tokens.At(TokenOffset(tokens, batch_first, p.b,
-                                            LoadIndex(idx, p.b * d.retained + p.r)));
+        char* token = tokens.At(
+            TokenOffset(tokens, batch_first, p.b, LoadIndex(idx, p.b * d.retained + p.r)));
         char* kept = retained.At(TokenOffset(retained, batch_first, p.b, p.r));
         if (to_tokens) {
           copy(token, kept);

@@ -21,14 +21,13 @@
 //      layer_grad has read a row of grad before the zeroing writes it.
 // Finish: the CPU oracle on the snapshot, payload shrunk (oracle_args.h).
 // Workspace: workspace_layout.h (MergeTokensLayout, SplitTokensLayout).
-#include "kernels/cuda/cuda_ops.h"
-
 #include <cuda_runtime.h>
 
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/index_check.cuh"
 #include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
@@ -124,14 +123,14 @@ absl::Status CopyOthers(const TensorView& dst, const TensorView& src, const unsi
                         const TokenDims& d, bool bf, Workspace ws, Stream stream) {
   const int b_axis = bf ? 0 : 1;
   const int s_axis = bf ? 1 : 0;
-  const RowCopyPlan plan = PlanRowCopy(
-      d.batch * d.seq, d.channels, dst.elem_size(), dst.data, src.data,
-      {{dst.strides[b_axis], d.batch}, {dst.strides[s_axis], d.seq}},
-      {{src.strides[b_axis], d.batch}, {src.strides[s_axis], d.seq}}, dst.strides[2],
-      src.strides[2]);
-  return LaunchRowCopy(
-      plan, OtherRowMap{dst, src, bitmap, BitmapWordsPerRow(d.seq), d.batch, d.seq, bf}, ws,
-      stream);
+  const RowCopyPlan plan =
+      PlanRowCopy(d.batch * d.seq, d.channels, dst.elem_size(), dst.data, src.data,
+                  {{dst.strides[b_axis], d.batch}, {dst.strides[s_axis], d.seq}},
+                  {{src.strides[b_axis], d.batch}, {src.strides[s_axis], d.seq}}, dst.strides[2],
+                  src.strides[2]);
+  return LaunchRowCopy(plan,
+                       OtherRowMap{dst, src, bitmap, BitmapWordsPerRow(d.seq), d.batch, d.seq, bf},
+                       ws, stream);
 }
 
 absl::Status ZeroRetained(const TensorView& tokens, const TensorView& idx, const char* zero,
@@ -140,10 +139,10 @@ absl::Status ZeroRetained(const TensorView& tokens, const TensorView& idx, const
   const int s_axis = bf ? 1 : 0;
   // The source is one element (stride 0 everywhere): with C > 1 the plan is
   // the strided kernel; with C == 1 a one-element contiguous row.
-  const RowCopyPlan plan = PlanRowCopy(
-      d.batch * d.retained, d.channels, tokens.elem_size(), tokens.data, zero,
-      {{tokens.strides[b_axis], d.batch}, {tokens.strides[s_axis], d.seq}}, {{0, 1}},
-      tokens.strides[2], 0);
+  const RowCopyPlan plan =
+      PlanRowCopy(d.batch * d.retained, d.channels, tokens.elem_size(), tokens.data, zero,
+                  {{tokens.strides[b_axis], d.batch}, {tokens.strides[s_axis], d.seq}}, {{0, 1}},
+                  tokens.strides[2], 0);
   return LaunchRowCopy(plan, ZeroRowMap{tokens, idx, zero, d.batch, d.retained, bf}, ws, stream);
 }
 

@@ -37,8 +37,8 @@ inline void RefMerge(const kernels::TensorView& x, const kernels::TensorView& la
     for (int64_t s = 0; s < seq; ++s) {
       const int64_t r = RefRetainedPosition(idx, b, s);
       for (int64_t c = 0; c < channels; ++c) {
-        const char* src = r >= 0 ? RefToken(layer, batch_first, b, r, c)
-                                 : RefToken(x, batch_first, b, s, c);
+        const char* src =
+            r >= 0 ? RefToken(layer, batch_first, b, r, c) : RefToken(x, batch_first, b, s, c);
         RefCopyElem(RefToken(out, batch_first, b, s, c), src, x);
       }
     }

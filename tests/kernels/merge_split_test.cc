@@ -46,12 +46,12 @@ TEST(MergeTokensSpec, BatchFirstFp32OutOfPlaceAndInPlace) {
   idx.SetIndex(1, 3);
   const std::vector<float> want = {0, 1, 100, 101, 20, 21, 200, 201, 40, 41};
   const std::vector<uint8_t> x_before = x.Bytes();
-  ASSERT_OK(kernels::cpu::MergeTokens({x.view(), layer.view(), idx.view(), out.view(), true},
-                                      nullptr));
+  ASSERT_OK(
+      kernels::cpu::MergeTokens({x.view(), layer.view(), idx.view(), out.view(), true}, nullptr));
   for (int i = 0; i < 10; ++i) EXPECT_EQ(out.Get<float>(i), want[i]) << i;
   EXPECT_EQ(x.Bytes(), x_before) << "x is an input";
-  ASSERT_OK(kernels::cpu::MergeTokens({x.view(), layer.view(), idx.view(), x.view(), true},
-                                      nullptr));
+  ASSERT_OK(
+      kernels::cpu::MergeTokens({x.view(), layer.view(), idx.view(), x.view(), true}, nullptr));
   for (int i = 0; i < 10; ++i) EXPECT_EQ(x.Get<float>(i), want[i]) << i;
 }
 
@@ -102,10 +102,10 @@ HeldView UniqueIndices(const Case& k, std::mt19937_64& rng) {
 }
 
 std::string Describe(const Case& k) {
-  return ::testing::PrintToString(std::vector<int64_t>{
-      static_cast<int64_t>(k.dtype), static_cast<int64_t>(k.idx_dtype), k.batch_first, k.batch,
-      k.seq, k.retained, k.channels, static_cast<int64_t>(k.in_kind),
-      static_cast<int64_t>(k.out_kind)});
+  return ::testing::PrintToString(
+      std::vector<int64_t>{static_cast<int64_t>(k.dtype), static_cast<int64_t>(k.idx_dtype),
+                           k.batch_first, k.batch, k.seq, k.retained, k.channels,
+                           static_cast<int64_t>(k.in_kind), static_cast<int64_t>(k.out_kind)});
 }
 
 std::vector<Case> RandomCases(std::mt19937_64& rng) {
@@ -134,8 +134,8 @@ std::vector<Case> RandomCases(std::mt19937_64& rng) {
   // large enough for the streaming-store copy.
   cases.push_back({DType::kFloat32, DType::kInt32, true, 7, 131, 65, 9, ViewKind::kPadded,
                    ViewKind::kMisaligned});
-  cases.push_back({DType::kBFloat16, DType::kInt64, false, 3, 700, 350, 1100,
-                   ViewKind::kContiguous, ViewKind::kPadded});
+  cases.push_back({DType::kBFloat16, DType::kInt64, false, 3, 700, 350, 1100, ViewKind::kContiguous,
+                   ViewKind::kPadded});
   cases.push_back({DType::kFloat32, DType::kInt32, true, 2, 600, 300, 2051, ViewKind::kMisaligned,
                    ViewKind::kContiguous});
   return cases;
@@ -152,8 +152,8 @@ void RunMerge(const Case& k, std::mt19937_64& rng) {
   const std::vector<uint8_t> x_before = x.tensor.Bytes();
   for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), Pool3()}) {
     HeldView got = out.Clone();
-    ASSERT_OK(kernels::cpu::MergeTokens(
-        {x.view, layer.view, idx.view, got.view, k.batch_first}, pool));
+    ASSERT_OK(
+        kernels::cpu::MergeTokens({x.view, layer.view, idx.view, got.view, k.batch_first}, pool));
     ASSERT_EQ(got.tensor.Bytes(), expected.tensor.Bytes());
     ASSERT_EQ(x.tensor.Bytes(), x_before);
   }
@@ -162,8 +162,8 @@ void RunMerge(const Case& k, std::mt19937_64& rng) {
   RefMerge(in_place_expected.view, layer.view, idx.view, in_place_expected.view, k.batch_first);
   for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), Pool3()}) {
     HeldView got = x.Clone();
-    ASSERT_OK(kernels::cpu::MergeTokens(
-        {got.view, layer.view, idx.view, got.view, k.batch_first}, pool));
+    ASSERT_OK(
+        kernels::cpu::MergeTokens({got.view, layer.view, idx.view, got.view, k.batch_first}, pool));
     ASSERT_EQ(got.tensor.Bytes(), in_place_expected.tensor.Bytes());
   }
 }
@@ -213,8 +213,8 @@ TEST(MergeSplitAlgebra, RoundTripsAreBitExact) {
   std::mt19937_64 rng(93);
   for (DType dtype : {DType::kFloat16, DType::kFloat32, DType::kFloat64}) {
     for (bool batch_first : {true, false}) {
-      Case k{dtype, DType::kInt64, batch_first, 3, 37, 20, 5, ViewKind::kPadded,
-             ViewKind::kMisaligned};
+      Case k{dtype, DType::kInt64,     batch_first,          3, 37, 20,
+             5,     ViewKind::kPadded, ViewKind::kMisaligned};
       SCOPED_TRACE(Describe(k));
       HeldView x = MakeHeld(dtype, TokensShape(k, k.seq), ViewKind::kMisaligned, rng);
       HeldView idx = UniqueIndices(k, rng);
@@ -223,8 +223,8 @@ TEST(MergeSplitAlgebra, RoundTripsAreBitExact) {
       // Padded storage, compared whole: both copies start with the same gaps.
       HeldView merged = MakeHeld(dtype, TokensShape(k, k.seq), ViewKind::kPadded, rng);
       HeldView x_copy = merged.Clone();
-      ASSERT_OK(kernels::cpu::MergeTokens(
-          {x.view, part.view, idx.view, merged.view, batch_first}, Pool3()));
+      ASSERT_OK(kernels::cpu::MergeTokens({x.view, part.view, idx.view, merged.view, batch_first},
+                                          Pool3()));
       RefMerge(x.view, part.view, idx.view, x_copy.view, batch_first);  // = x, in x_copy's layout
       EXPECT_EQ(merged.tensor.Bytes(), x_copy.tensor.Bytes());
 

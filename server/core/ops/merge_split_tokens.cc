@@ -44,8 +44,8 @@ absl::StatusOr<kernels::MergeTokensArgs> MergeTokensOp::Resolve(Resolver& r, con
 }
 
 uint64_t MergeTokensOp::BytesMoved(const Args& args) {
-  const uint64_t moved = kernels::SameView(args.out, args.x) ? ViewBytes(args.layer)
-                                                              : ViewBytes(args.out);
+  const uint64_t moved =
+      kernels::SameView(args.out, args.x) ? ViewBytes(args.layer) : ViewBytes(args.out);
   return ViewBytes(args.indices) + 2 * moved;
 }
 
@@ -66,9 +66,8 @@ absl::StatusOr<kernels::SplitTokensArgs> SplitTokensOp::Resolve(Resolver& r, con
   ASSIGN_OR_RETURN(args.layer_grad, r.Output(req.layer_grad, "layer_grad", [&] {
     return GatherOutShape(args.grad, args.indices, req.batch_first);
   }));
-  ASSIGN_OR_RETURN(args.rest_grad, r.Output(req.rest_grad, "rest_grad", [&] {
-    return TokensLikeShape(args.grad, "grad");
-  }));
+  ASSIGN_OR_RETURN(args.rest_grad, r.Output(req.rest_grad, "rest_grad",
+                                            [&] { return TokensLikeShape(args.grad, "grad"); }));
   return args;
 }
 

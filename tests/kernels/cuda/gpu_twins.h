@@ -43,8 +43,8 @@ struct Twin {
   }
 };
 
-inline std::unique_ptr<Twin> MakeTwin(DType dtype, std::vector<int64_t> shape, Layout layout, int64_t step,
-                               std::mt19937_64& rng) {
+inline std::unique_ptr<Twin> MakeTwin(DType dtype, std::vector<int64_t> shape, Layout layout,
+                                      int64_t step, std::mt19937_64& rng) {
   auto twin = std::make_unique<Twin>();
   shape.back() *= step;
   twin->cpu = TestTensor(dtype, shape, layout);
@@ -59,8 +59,8 @@ inline std::unique_ptr<Twin> MakeTwin(DType dtype, std::vector<int64_t> shape, L
 
 // An index twin [rows..., n] holding `values` (row-major).
 inline std::unique_ptr<Twin> MakeIndices(DType dtype, std::vector<int64_t> shape,
-                                  const std::vector<int64_t>& values, Layout layout,
-                                  std::mt19937_64& rng) {
+                                         const std::vector<int64_t>& values, Layout layout,
+                                         std::mt19937_64& rng) {
   auto twin = MakeTwin(dtype, std::move(shape), layout, 1, rng);
   for (TestTensor* t : {&twin->cpu, &twin->gpu}) {
     for (size_t i = 0; i < values.size(); ++i) t->SetIndex(static_cast<int64_t>(i), values[i]);
@@ -101,7 +101,7 @@ enum class IndexError { kNone, kOutOfRange, kNegative, kDuplicate };
 // `rows` rows of `n` indices in [0, s): unique per row when `unique` (n <= s),
 // then one error injected at a random position.
 inline std::vector<int64_t> RandomIndices(int64_t rows, int64_t n, int64_t s, bool unique,
-                                   IndexError error, std::mt19937_64& rng) {
+                                          IndexError error, std::mt19937_64& rng) {
   std::vector<int64_t> values;
   std::vector<int64_t> perm;
   if (unique) perm.resize(static_cast<size_t>(s));

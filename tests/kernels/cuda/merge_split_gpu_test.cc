@@ -90,14 +90,19 @@ TEST_F(MergeSplitGpuTest, Random) {
             const int64_t mis = 1 + static_cast<int64_t>(rng_() % 15);
             SCOPED_TRACE(::testing::Message()
                          << "dtype " << static_cast<int>(dtype) << " bf " << bf << " idx "
-                         << static_cast<int>(index_dtype) << " C " << c << " in place "
-                         << in_place << " misalign " << mis);
+                         << static_cast<int>(index_dtype) << " C " << c << " in place " << in_place
+                         << " misalign " << mis);
             PairCase aligned{dtype, index_dtype, bf, 3, 37, 11, c, {}, {}, {}};
-            PairCase mixed{dtype,        index_dtype,
-                           bf,           2,
-                           19,           7,
-                           c,            {{0, 1, 0}, mis},
-                           {{}, (mis * 7) % 16}, {{1, 3, 0}, (mis * 3) % 16}};
+            PairCase mixed{dtype,
+                           index_dtype,
+                           bf,
+                           2,
+                           19,
+                           7,
+                           c,
+                           {{0, 1, 0}, mis},
+                           {{}, (mis * 7) % 16},
+                           {{1, 3, 0}, (mis * 3) % 16}};
             PairCase strided{dtype, index_dtype, bf, 2, 9, 4, c, {{}, mis}, {}, {}, 2};
             for (PairCase* k : {&aligned, &mixed, &strided}) {
               k->in_place = in_place;
@@ -130,8 +135,8 @@ TEST_F(MergeSplitGpuTest, LargeSAndEmpty) {
 TEST_F(MergeSplitGpuTest, Errors) {
   for (IndexError e : {IndexError::kOutOfRange, IndexError::kNegative, IndexError::kDuplicate}) {
     for (int i = 0; i < 4; ++i) {
-      PairCase k{DType::kFloat16, i % 2 ? DType::kInt64 : DType::kInt32, i < 2, 4, 64, 30, 5,
-                 {},              {},                                     {}};
+      PairCase k{
+          DType::kFloat16, i % 2 ? DType::kInt64 : DType::kInt32, i < 2, 4, 64, 30, 5, {}, {}, {}};
       k.error = e;
       k.in_place = i % 3 == 0;
       RunMerge(k, rng_);

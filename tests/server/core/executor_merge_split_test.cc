@@ -43,8 +43,8 @@ TEST_F(ExecutorMergeSplitTest, MergeTokensByBufferOutOfPlaceThenInPlace) {
   EXPECT_EQ(result->bytes_moved, 3u * 4 * 8 + 2 * (3 * 11 * 5 * 4));
 
   req.out = x_;  // the same bytes, shape and strides: in place
-  RefMerge(View(x_, &expected), View(layer_, &expected), View(idx_, &expected),
-           View(x_, &expected), true);
+  RefMerge(View(x_, &expected), View(layer_, &expected), View(idx_, &expected), View(x_, &expected),
+           true);
   result = Run(req);
   ASSERT_OK(result);
   EXPECT_EQ(Snapshot(), expected);
@@ -76,8 +76,8 @@ TEST_F(ExecutorMergeSplitTest, SplitTokensByBufferOutOfPlaceThenInPlace) {
   EXPECT_EQ(result->bytes_moved, 3u * 4 * 8 + 2 * (3 * 4 * 5 * 4) + 2 * (3 * 11 * 5 * 4));
 
   req.rest_grad = x_;  // zero the retained rows of grad in place
-  RefSplit(View(x_, &expected), View(idx_, &expected), View(layer_, &expected),
-           View(x_, &expected), true);
+  RefSplit(View(x_, &expected), View(idx_, &expected), View(layer_, &expected), View(x_, &expected),
+           true);
   result = Run(req);
   ASSERT_OK(result);
   EXPECT_EQ(Snapshot(), expected);
