@@ -203,7 +203,8 @@ struct SplitTokensArgs {
 };
 absl::Status ValidateSplitTokens(const SplitTokensArgs& args);
 
-// True when `a` and `b` are the same view (data, dtype, shape, strides): the
+// True when `a` and `b` are the same view (data, dtype, shape, and strides
+// of every dim of size > 1: the same element addresses): the
 // in-place forms of SortTokens (out = ids), MergeTokens (out = x) and
 // SplitTokens (rest_grad = grad).
 bool SameView(const TensorView& a, const TensorView& b);

@@ -6,18 +6,20 @@
 // each output row exactly once, rows in parallel, reading the indices from
 // the snapshot only:
 //   MergeTokens: the R retained rows of `out` from `layer` (ScatterTokens'
-//     copy), and, unless `out` is `x` itself, the S - R other rows from `x`:
+//     copy), then, unless `out` is `x` itself, the S - R other rows from `x`:
 //     a membership bitmap of the snapshot (one bit per (b, s), rows aligned
 //     to 64-bit words so that batch rows fill it in parallel) says which.
 //   SplitTokens: `layer_grad` gathered from `grad` first; then the rows of
-//     `rest_grad` named by the indices zeroed and, unless `rest_grad` is `grad` itself, the
-//     other rows copied from `grad`. ParallelFor returns after every chunk
-//     ran, so in place the gather has read a row before it is zeroed.
+//     `rest_grad` named by the indices zeroed and, unless `rest_grad` is
+//     `grad` itself, the other rows copied from `grad`. ParallelFor returns
+//     after every chunk ran, so in place the gather has read a row before it
+//     is zeroed.
 // Uniqueness makes the retained-row writes disjoint; the bitmap makes the
-// two kinds of rows disjoint. Scratch: the snapshot, its check, and the
-// bitmap of B * ceil(S / 64) words (<= 1/8 of the output's bytes: an output
-// shaped like x is non-overlapping, so it holds B * S * C real elements; the
-// bitmap is built only when C > 0).
+// two kinds of rows disjoint; the retained rows are written first, so a
+// membership bug would overwrite them (and show in the tests). Scratch: the
+// snapshot, its check, and the bitmap of B * ceil(S / 64) words, only when
+// C > 0 and out of place (8 bytes per 64 rows of an output that holds
+// B * S * C real elements), counted by ScratchBytes.
 #include <cstring>
 #include <memory>
 
@@ -138,12 +140,14 @@ absl::Status MergeTokens(const MergeTokensArgs& args, ThreadPool* pool) {
   RETURN_IF_ERROR(SnapshotIndexRows(args.indices, d.seq, /*unique=*/true, pool, &snapshot));
   const TensorView& idx = snapshot.view();  // private, row-major [B,R]
   if (d.batch * d.seq == 0 || d.channels == 0) return absl::OkStatus();
-  if (!SameView(args.out, args.x)) {
-    const std::unique_ptr<uint64_t[]> bits = Membership(idx, d, pool);
-    RETURN_IF_ERROR(CheckStop());
-    CopyOtherRows(args.out, args.x, d, bits.get(), bf, pool);
-  }
+  // Retained rows first: a membership bug that copied them from x as well
+  // would overwrite layer's rows, which the tests see.
   CopyRetainedRows(args.out, args.layer, idx, d, bf, /*to_tokens=*/true, pool);
+  if (SameView(args.out, args.x)) return CheckStop();
+  RETURN_IF_ERROR(CheckStop());
+  const std::unique_ptr<uint64_t[]> bits = Membership(idx, d, pool);
+  RETURN_IF_ERROR(CheckStop());
+  CopyOtherRows(args.out, args.x, d, bits.get(), bf, pool);
   return CheckStop();
 }
 
@@ -155,15 +159,16 @@ absl::Status SplitTokens(const SplitTokensArgs& args, ThreadPool* pool) {
   RETURN_IF_ERROR(SnapshotIndexRows(args.indices, d.seq, /*unique=*/true, pool, &snapshot));
   const TensorView& idx = snapshot.view();  // private, row-major [B,R]
   if (d.batch * d.seq == 0 || d.channels == 0) return absl::OkStatus();
-  // layer_grad first: in place, these rows of grad are zeroed next.
+  // layer_grad first (in place, these rows of grad are zeroed next), then the
+  // zeroing, then the other rows (a membership bug would overwrite zeros).
   CopyRetainedRows(args.grad, args.layer_grad, idx, d, bf, /*to_tokens=*/false, pool);
   RETURN_IF_ERROR(CheckStop());
-  if (!SameView(args.rest_grad, args.grad)) {
-    const std::unique_ptr<uint64_t[]> bits = Membership(idx, d, pool);
-    RETURN_IF_ERROR(CheckStop());
-    CopyOtherRows(args.rest_grad, args.grad, d, bits.get(), bf, pool);
-  }
   ZeroRetainedRows(args.rest_grad, idx, d, bf, pool);
+  if (SameView(args.rest_grad, args.grad)) return CheckStop();
+  RETURN_IF_ERROR(CheckStop());
+  const std::unique_ptr<uint64_t[]> bits = Membership(idx, d, pool);
+  RETURN_IF_ERROR(CheckStop());
+  CopyOtherRows(args.rest_grad, args.grad, d, bits.get(), bf, pool);
   return CheckStop();
 }
 

@@ -1,4 +1,5 @@
-// The CUDA row-copy engine of GatherTokens, ScatterTokens and SliceGptMask
+// The CUDA row-copy engine of GatherTokens, ScatterTokens, SliceGptMask,
+// MergeTokens and SplitTokens
 // (the twin of kernels/cpu/copy_rows.h): copy `rows` rows, each of `count`
 // elements of `elem` bytes, from src to dst, where an op-specific map gives
 // the two row pointers of row `row` (it runs the shared HD index math of

@@ -10,15 +10,18 @@
 //   3. the copies, each a row-copy launch (copy_kernels.cuh) that returns at
 //      once when the check set the status word, so nothing is written on
 //      bad data. Every output row is written by exactly one launch:
-//      MergeTokens:  [unless out is x] the other rows x -> out (the map skips
-//                    rows whose bit is set), then the retained rows
-//                    layer -> out at their snapshot index;
-//      SplitTokens:  layer_grad gathered from grad; [unless rest_grad is
-//                    grad] the other rows grad -> rest_grad; then the
-//                    retained rows of rest_grad zeroed (copied from one zero
-//                    element in the workspace, source stride 0).
+//      MergeTokens:  the retained rows layer -> out at their snapshot index,
+//                    then [unless out is x] the other rows x -> out (the map
+//                    skips rows whose bit is set);
+//      SplitTokens:  layer_grad gathered from grad; the retained rows of
+//                    rest_grad zeroed (copied from one zero element in the
+//                    workspace, source stride 0); then [unless rest_grad is
+//                    grad] the other rows grad -> rest_grad.
 //      Launches on one stream run in order, so in place the gather of
-//      layer_grad has read a row of grad before the zeroing writes it.
+//      layer_grad has read a row of grad before the zeroing writes it. The
+//      rows of the launches are disjoint; the retained ones go first so that
+//      a membership bug (a retained row copied from x / grad as well) would
+//      overwrite them and show in the byte comparisons of the tests.
 // Finish: the CPU oracle on the snapshot, payload shrunk (oracle_args.h).
 // Workspace: workspace_layout.h (MergeTokensLayout, SplitTokensLayout).
 #include <cuda_runtime.h>
@@ -99,6 +102,12 @@ struct ZeroRowMap {
   }
 };
 
+// Zeroes the membership bitmap when no index ran the check (B * R == 0).
+cudaError_t ClearBitmap(unsigned int* bitmap, const TokenDims& d, Stream stream) {
+  return cudaMemsetAsync(bitmap, 0, static_cast<size_t>(d.batch * BitmapWordsPerRow(d.seq)) * 4,
+                         stream);
+}
+
 template <bool kToTokens>
 absl::Status CopyRetained(const TensorView& tokens, const TensorView& retained,
                           const TensorView& idx, const TokenDims& d, bool bf, Workspace ws,
@@ -165,16 +174,18 @@ absl::Status MergeTokensAsync(const MergeTokensArgs& args, Workspace ws, Stream 
     RETURN_IF_ERROR(LaunchSnapshot(args.indices, idx.data, stream));
     // Indices are checked even when C == 0, like the CPU twin.
     RETURN_IF_ERROR(LaunchIndexCheck(idx, d.seq, bitmap, ws, stream));
-  } else if (d.batch * d.seq > 0) {
-    // No index: nothing is retained, every row is copied from x.
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-        bitmap, 0, static_cast<size_t>(d.batch * BitmapWordsPerRow(d.seq)) * 4, stream));
   }
   if (d.channels == 0 || d.batch * d.seq == 0) return absl::OkStatus();
-  if (!SameView(args.out, args.x)) {
-    RETURN_IF_ERROR(CopyOthers(args.out, args.x, bitmap, d, bf, ws, stream));
+  const bool in_place = SameView(args.out, args.x);
+  if (d.batch * d.retained == 0 && !in_place) {
+    // No index ran the check: nothing is retained, every row comes from x.
+    CUDA_RETURN_IF_ERROR(ClearBitmap(bitmap, d, stream));
   }
-  return CopyRetained<true>(args.out, args.layer, idx, d, bf, ws, stream);
+  // Retained rows first, then the others: a membership bug that copied a
+  // retained row from x too would overwrite layer's row, which the tests see.
+  RETURN_IF_ERROR(CopyRetained<true>(args.out, args.layer, idx, d, bf, ws, stream));
+  if (in_place) return absl::OkStatus();
+  return CopyOthers(args.out, args.x, bitmap, d, bf, ws, stream);
 }
 
 absl::Status MergeTokensFinish(const MergeTokensArgs& args, Workspace ws, Stream stream) {
@@ -202,18 +213,18 @@ absl::Status SplitTokensAsync(const SplitTokensArgs& args, Workspace ws, Stream 
   if (d.batch * d.retained > 0) {
     RETURN_IF_ERROR(LaunchSnapshot(args.indices, idx.data, stream));
     RETURN_IF_ERROR(LaunchIndexCheck(idx, d.seq, bitmap, ws, stream));
-  } else if (d.batch * d.seq > 0) {
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-        bitmap, 0, static_cast<size_t>(d.batch * BitmapWordsPerRow(d.seq)) * 4, stream));
   }
   if (d.channels == 0 || d.batch * d.seq == 0) return absl::OkStatus();
+  const bool in_place = SameView(args.rest_grad, args.grad);
+  if (d.batch * d.retained == 0 && !in_place) CUDA_RETURN_IF_ERROR(ClearBitmap(bitmap, d, stream));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(zero, 0, 8, stream));
-  // layer_grad first: in place, these rows of grad are zeroed last.
+  // layer_grad first (in place, its rows of grad are zeroed next), then the
+  // zeroing, then the other rows: a membership bug that copied a retained
+  // row from grad too would overwrite its zeros, which the tests see.
   RETURN_IF_ERROR(CopyRetained<false>(args.grad, args.layer_grad, idx, d, bf, ws, stream));
-  if (!SameView(args.rest_grad, args.grad)) {
-    RETURN_IF_ERROR(CopyOthers(args.rest_grad, args.grad, bitmap, d, bf, ws, stream));
-  }
-  return ZeroRetained(args.rest_grad, idx, zero, d, bf, ws, stream);
+  RETURN_IF_ERROR(ZeroRetained(args.rest_grad, idx, zero, d, bf, ws, stream));
+  if (in_place) return absl::OkStatus();
+  return CopyOthers(args.rest_grad, args.grad, bitmap, d, bf, ws, stream);
 }
 
 absl::Status SplitTokensFinish(const SplitTokensArgs& args, Workspace ws, Stream stream) {

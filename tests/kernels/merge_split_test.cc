@@ -298,6 +298,23 @@ TEST(MergeSplitErrors, FirstBadIndexWritesNothingInEitherForm) {
   ExpectError(kernels::cpu::SplitTokens, s.Split(), s, "indices[7,0] = -1 is out of range [0, 6)");
 }
 
+// Two views with the same element addresses are the same view even when a
+// dim of size 1 carries another stride (B = 1 tensors made separately).
+TEST(MergeSplitEdge, InPlaceWhatTheStrideOfASizeOneDimSays) {
+  PairSetup s(1);
+  MergeTokensArgs m = s.Merge();
+  m.out = m.x;
+  m.out.strides[0] = 12345;
+  ASSERT_TRUE(kernels::SameView(m.out, m.x));
+  TestTensor want = s.x;
+  RefMerge(m.x, m.layer, m.indices, want.view(), true);
+  ASSERT_OK(kernels::cpu::MergeTokens(m, Pool3()));
+  EXPECT_EQ(s.x.Bytes(), want.Bytes());
+  m.out.strides[1] += 1;  // a dim of size 6: another view, overlapping x
+  EXPECT_FALSE(kernels::SameView(m.out, m.x));
+  EXPECT_THAT(kernels::cpu::MergeTokens(m, Pool3()), StatusIs(kInvalid, HasSubstr("out")));
+}
+
 TEST(MergeSplitErrors, MetadataNamesTheField) {
   PairSetup s(2);
   MergeTokensArgs m = s.Merge();

@@ -122,11 +122,18 @@ TEST_F(MergeSplitGpuTest, LargeSAndEmpty) {
   RunSplit({DType::kBFloat16, DType::kInt64, false, 2, 70000, 1500, 8, {}, {}, {}}, rng_);
   RunMerge({DType::kBFloat16, DType::kInt32, true, 16, 2048, 1536, 1024, {}, {}, {}}, rng_);
   RunSplit({DType::kBFloat16, DType::kInt32, true, 16, 2048, 1536, 1024, {}, {}, {}}, rng_);
+  // B = 0, R = 0, R = S (every row retained: the other-rows copy skips them
+  // all), C = 0, each out of place and in place.
   for (int64_t b : {0, 2}) {
-    for (int64_t r : {0, 3}) {
+    for (int64_t r : {0, 3, 5}) {
       for (int64_t c : {0, 4}) {
-        RunMerge({DType::kFloat32, DType::kInt64, false, b, 5, r, c, {}, {}, {}}, rng_);
-        RunSplit({DType::kFloat32, DType::kInt32, true, b, 5, r, c, {}, {}, {}}, rng_);
+        for (bool in_place : {false, true}) {
+          PairCase merge{DType::kFloat32, DType::kInt64, false, b, 5, r, c, {}, {}, {}};
+          PairCase split{DType::kFloat32, DType::kInt32, true, b, 5, r, c, {}, {}, {}};
+          merge.in_place = split.in_place = in_place;
+          RunMerge(merge, rng_);
+          RunSplit(split, rng_);
+        }
       }
     }
   }
