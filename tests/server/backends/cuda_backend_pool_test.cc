@@ -1,5 +1,5 @@
 // What only the CUDA backend has: its workspace pool (label `gpu`; skips
-// without a device; built only when this build has CUDA).
+// without a GPU, fails on a broken one; built only when this build has CUDA).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -8,6 +8,7 @@
 #include "server/backends/cuda_backend.h"
 #include "server/backends/cuda_devices.h"
 #include "tests/server/backends/backend_conformance.h"
+#include "tests/testing/gpu_device.h"
 
 namespace tokensel::testing {
 namespace {
@@ -30,8 +31,9 @@ absl::Status RunSort(core::Backend& backend, int64_t B, int64_t R, int64_t S) {
 }
 
 TEST(CudaBackendPoolTest, WorkspacesAreReusedNotReallocated) {
+  TOKENSEL_REQUIRE_GPU();
   const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
-  if (devices.empty()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_FALSE(devices.empty()) << "the CUDA runtime sees a device, ListCudaDevices none";
   absl::StatusOr<std::unique_ptr<backends::CudaBackend>> backend =
       backends::CudaBackend::Create(devices[0].uuid);
   ASSERT_OK(backend);
