@@ -107,7 +107,7 @@ void Subprocess::ReadLoop(int fd) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     if (echo_) WriteAll(STDERR_FILENO, buf, static_cast<size_t>(n));
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     partial_.append(buf, static_cast<size_t>(n));
     size_t nl;
     while ((nl = partial_.find('\n')) != std::string::npos) {
@@ -119,7 +119,7 @@ void Subprocess::ReadLoop(int fd) {
                    lines_.begin() + static_cast<std::ptrdiff_t>(lines_.size() - max_lines_ / 2));
     }
   }
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   if (!partial_.empty()) lines_.push_back(std::move(partial_));
   partial_.clear();
   eof_ = true;
@@ -170,25 +170,25 @@ absl::StatusOr<int> Subprocess::Terminate(absl::Duration grace) {
 }
 
 std::vector<std::string> Subprocess::Lines() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return lines_;
 }
 
 std::string Subprocess::Output() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   std::string out = absl::StrJoin(lines_, "\n");
   if (!partial_.empty()) absl::StrAppend(&out, "\n", partial_);
   return out;
 }
 
 std::string Subprocess::OutputTail(size_t max_lines) const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   const size_t start = lines_.size() > max_lines ? lines_.size() - max_lines : 0;
   return absl::StrJoin(lines_.begin() + static_cast<std::ptrdiff_t>(start), lines_.end(), "\n");
 }
 
 bool Subprocess::output_ended() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return eof_;
 }
 
@@ -202,8 +202,8 @@ bool Subprocess::AwaitOutput(absl::FunctionRef<bool(const OutputView&)> ready,
     }
     bool Done() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->eof_ || Ask(); }
   } waiter{this, ready};
-  absl::MutexLock lock(&mu_);
-  mu_.AwaitWithDeadline(absl::Condition(&waiter, &Waiter::Done), deadline);
+  tokensel::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout([&waiter] { return waiter.Done(); }, deadline - absl::Now());
   return waiter.Ask();
 }
 

@@ -44,8 +44,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 
 namespace tokensel {
@@ -126,7 +126,7 @@ class Subprocess {
   size_t max_lines_ = 0;
   std::thread reader_;
 
-  mutable absl::Mutex mu_;
+  mutable tokensel::Mutex mu_;  // pthread-based: TSan sees it (common/mutex.h)
   std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
   std::string partial_ ABSL_GUARDED_BY(mu_);
   bool eof_ ABSL_GUARDED_BY(mu_) = false;

@@ -182,9 +182,9 @@ absl::Status Server::StartExposer() {
 }
 
 void Server::ReaperLoop() {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   while (!stop_reaper_) {
-    mu_.AwaitWithTimeout(absl::Condition(&stop_reaper_),
+    mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_reaper_; },
                          std::max(options_.reap_interval, absl::Milliseconds(10)));
     if (stop_reaper_) break;
     mu_.Unlock();
@@ -198,7 +198,7 @@ void Server::ReaperLoop() {
 }
 
 void Server::Shutdown(absl::Duration grace) {
-  absl::MutexLock shutdown_lock(&shutdown_mu_);
+  tokensel::MutexLock shutdown_lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + grace;
@@ -215,7 +215,7 @@ void Server::Shutdown(absl::Duration grace) {
   }
   if (front_end_ != nullptr) front_end_->Stop(grpc_deadline);
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     stop_reaper_ = true;
   }
   if (reaper_.joinable()) reaper_.join();

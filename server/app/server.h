@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "server/core/admission.h"
 #include "server/core/backend.h"
 #include "server/core/buffer_registry.h"
@@ -154,9 +154,9 @@ class Server {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string metrics_address_;
 
-  absl::Mutex shutdown_mu_;
+  tokensel::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
-  absl::Mutex mu_;
+  tokensel::Mutex mu_;
   bool stop_reaper_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
 };

@@ -148,7 +148,7 @@ void GrpcFrontEnd::SetServing(bool serving) {
 }
 
 void GrpcFrontEnd::Stop(absl::Time deadline) {
-  absl::MutexLock lock(&stop_mu_);
+  tokensel::MutexLock lock(&stop_mu_);
   if (stopped_) return;
   stopped_ = true;
   // No connection may reach gRPC once it shuts down (see grpc_connection_sink.h).

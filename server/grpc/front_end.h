@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "server/core/fd_channel.h"
 #include "server/grpc/accept_loop.h"
 #include "server/grpc/connection_table.h"
@@ -119,7 +119,7 @@ class GrpcFrontEnd {
   std::vector<std::string> listen_addresses_;
   std::vector<std::string> socket_paths_;  // unix listeners + fd channels, removed by Stop
 
-  absl::Mutex stop_mu_;
+  tokensel::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
 };
 

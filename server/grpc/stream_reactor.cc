@@ -43,7 +43,7 @@ void StreamReactor::Begin() {
   pinned_ = status.ok();
   if (!status.ok()) {
     {
-      absl::MutexLock lock(&mu_);
+      tokensel::MutexLock lock(&mu_);
       finished_ = true;
     }
     FinishNow(status);
@@ -57,7 +57,7 @@ void StreamReactor::Begin() {
   }
   bool read = false;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     read = ClaimReadLocked();
   }
   if (read) StartRead(&read_);
@@ -83,7 +83,7 @@ void StreamReactor::OnReadDone(bool ok) {
     read_.Clear();
   }
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     reading_ = false;
     if (!ok) half_closed_ = true;
     if (pending.has_value() && !cancelled_) {
@@ -103,7 +103,7 @@ void StreamReactor::ProcessNext() {
   std::optional<Pending> next;
   std::optional<absl::Status> finish;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (cancelled_ || pending_.empty()) {
       pending_.clear();
       processing_ = false;
@@ -169,7 +169,7 @@ void StreamReactor::Write(Outgoing out) {
   const v1::StreamResponse* start = nullptr;
   bool read = false;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (cancelled_) return;  // `out` and its reservation are dropped
     queued_bytes_ += out.bytes;
     writes_.push_back(std::move(out));
@@ -188,7 +188,7 @@ void StreamReactor::OnWriteDone(bool ok) {
   std::optional<absl::Status> finish;
   bool read = false;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     queued_bytes_ -= std::min(queued_bytes_, writes_.front().bytes);
     writes_.pop_front();  // its reservation is released: the bytes are gRPC's now
     if (!ok) {
@@ -214,7 +214,7 @@ void StreamReactor::OnSendInitialMetadataDone(bool) {}
 void StreamReactor::OnCancel() {
   std::optional<absl::Status> finish;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     cancelled_ = true;
     finish = ShouldFinishLocked();
   }

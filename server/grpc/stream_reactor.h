@@ -38,7 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/core/admission.h"
 #include "server/core/memory_budget.h"
@@ -105,7 +105,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 
   v1::StreamRequest read_;  // target of the outstanding read
 
-  absl::Mutex mu_;
+  tokensel::Mutex mu_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool processing_ ABSL_GUARDED_BY(mu_) = false;      // a worker task owns pending_
   std::deque<Outgoing> writes_ ABSL_GUARDED_BY(mu_);  // front = in flight

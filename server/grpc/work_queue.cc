@@ -15,7 +15,7 @@ WorkQueue::~WorkQueue() { Stop(); }
 
 void WorkQueue::Post(Task task) {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (!stopping_) {
       tasks_.push_back(std::move(task));
       return;
@@ -26,7 +26,7 @@ void WorkQueue::Post(Task task) {
 
 void WorkQueue::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
@@ -39,8 +39,9 @@ void WorkQueue::WorkerLoop() {
   for (;;) {
     Task task;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &WorkQueue::ReadyLocked));
+      tokensel::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return ReadyLocked(); },
+                           absl::InfiniteDuration());
       if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();

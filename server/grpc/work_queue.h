@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace tokensel::server {
 
@@ -35,7 +35,7 @@ class WorkQueue {
   void WorkerLoop();
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  tokensel::Mutex mu_;  // pthread-based: visible to TSan (common/mutex.h)
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;

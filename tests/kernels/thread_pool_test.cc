@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
@@ -11,6 +13,10 @@
 
 namespace tokensel::kernels::cpu {
 namespace {
+
+// How long a test waits for an event that a working pool makes happen at
+// once: only a broken pool (or a hung machine) reaches it.
+constexpr auto kGenerous = std::chrono::seconds(30);
 
 void ExpectCoversOnce(ThreadPool* pool, int64_t n, int64_t grain) {
   std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
@@ -34,19 +40,25 @@ TEST(ThreadPoolTest, EveryIndexExactlyOnce) {
   ExpectCoversOnce(nullptr, 17, 1);
 }
 
+// Two chunks meet: each chunk waits until another one is running at the same
+// time, so the test passes only if chunks really run concurrently (no sleep
+// that a loaded machine could outlast). A serial pool fails after one
+// deadline; later chunks no longer wait.
 TEST(ThreadPoolTest, UsesWorkersWhenWorkIsLarge) {
   ThreadPool pool(4);
-  std::atomic<int> max_concurrent{0};
-  std::atomic<int> running{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = 0;
+  bool met = false;
+  bool gave_up = false;
   pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
-    const int now = running.fetch_add(1) + 1;
-    int prev = max_concurrent.load();
-    while (now > prev && !max_concurrent.compare_exchange_weak(prev, now)) {
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    running.fetch_sub(1);
+    std::unique_lock<std::mutex> lock(mu);
+    if (++running >= 2) met = true;
+    cv.notify_all();
+    if (!cv.wait_for(lock, kGenerous, [&] { return met || gave_up; })) gave_up = true;
+    --running;
   });
-  EXPECT_GT(max_concurrent.load(), 1);
+  EXPECT_TRUE(met) << "no two chunks ever ran at the same time";
 }
 
 TEST(ThreadPoolTest, ManyConcurrentCallersShareOnePool) {
@@ -88,14 +100,18 @@ TEST(ThreadPoolTest, AChunksExceptionIsRethrownToTheCaller) {
   ThreadPool pool(3);
   const std::thread::id caller = std::this_thread::get_id();
   std::atomic<int> worker_throws{0};
+  const auto deadline = std::chrono::steady_clock::now() + kGenerous;
   for (int round = 0; round < 50; ++round) {
     bool thrown = false;
     try {
-      // Every chunk but the first throws, on whichever thread runs it; the
-      // first takes a moment, so that the workers claim chunks meanwhile.
+      // Every chunk but the first throws, on whichever thread runs it; until
+      // some worker has thrown, the first waits for one (an event, not a
+      // sleep: a loaded machine may not run a worker within any fixed time).
       pool.ParallelFor(1 << 12, 1, [&](int64_t begin, int64_t) {
         if (begin == 0) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          while (worker_throws.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::yield();
+          }
           return;
         }
         if (std::this_thread::get_id() != caller) ++worker_throws;

@@ -325,7 +325,9 @@ TEST_F(ClientOpsTest, DeadlineExceededIsAbslDeadlineExceeded) {
   EXPECT_THAT(hurried.ListBuffers().status(), StatusIs(absl::StatusCode::kDeadlineExceeded));
   const absl::Duration waited = absl::Now() - start;
   EXPECT_GE(waited, absl::Milliseconds(550));
-  EXPECT_LT(waited, absl::Seconds(5));
+  // The deadline ended the calls (not the 300 s test timeout); how close to
+  // it is a latency question for a benchmark, not a bound to gate CI on.
+  EXPECT_LT(waited, absl::Seconds(60));
   ASSERT_OK(server_->Signal(SIGCONT));
   EXPECT_OK(hurried.WithDeadline(absl::Seconds(20)).Ping());
 }

@@ -158,23 +158,35 @@ TEST(SessionTest, OpenUseClose) {
   EXPECT_THAT((*session)->Reopen(), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+// Counted, not timed: wait (bounded generously) for the renewals that show
+// the kept session outlived several leases, and sleep only for a lower bound
+// (the idle session's lease must have run out; the server compares times, so
+// a late wake-up cannot make that flake).
 TEST(SessionTest, KeepAliveOutlivesTheLease) {
-  std::unique_ptr<ServerProcess> server = StartServer({"--session_ttl=600ms"});
+  constexpr absl::Duration kTtl = absl::Milliseconds(1500);
+  std::unique_ptr<ServerProcess> server = StartServer({"--session_ttl=1500ms"});
   ASSERT_NE(server, nullptr);
   const Client client = ConnectTo(server->unix_target());
   absl::StatusOr<std::unique_ptr<Session>> kept = Session::Open(client);
   ASSERT_OK(kept.status());
   absl::StatusOr<std::unique_ptr<Session>> idle = Session::Open(client, {.keep_alive = false});
   ASSERT_OK(idle.status());
-  EXPECT_EQ((*kept)->lease_ttl(), absl::Milliseconds(600));
+  const absl::Time idle_opened = absl::Now();  // its last contact with the server
+  EXPECT_EQ((*kept)->lease_ttl(), kTtl);
   // A renewal begun after the call succeeds.
   EXPECT_OK((*kept)->WaitUntilOpen(absl::Seconds(20)));
   EXPECT_THAT((*idle)->WaitUntilOpen(absl::Seconds(1)),
               StatusIs(absl::StatusCode::kFailedPrecondition, "keep_alive"));
 
-  absl::SleepFor(absl::Milliseconds(2000));  // > 3 leases, no other traffic
+  // 4 renewals (every ~500 ms): more than a lease of nothing but keep-alives.
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60);
+       (*kept)->keep_alive_count() < 4 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE((*kept)->keep_alive_count(), 4);
+  // And at least a lease plus a margin since the idle session's last call.
+  absl::SleepFor(idle_opened + kTtl + absl::Milliseconds(200) - absl::Now());
   EXPECT_OK((*kept)->client().ListBuffers().status());
-  EXPECT_GE((*kept)->keep_alive_count(), 4);  // every ~200 ms
   EXPECT_OK((*kept)->last_keep_alive_status());
   EXPECT_EQ((*kept)->reopen_count(), 0);
   EXPECT_THAT((*idle)->client().ListBuffers().status(), StatusIs(absl::StatusCode::kNotFound));

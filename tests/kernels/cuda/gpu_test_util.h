@@ -1,5 +1,7 @@
-// Helpers for the GPU conformance suite (label `gpu`): device detection with a
-// clean skip, RAII device buffers, and device mirrors of host test tensors.
+// Helpers for the GPU conformance suite (label `gpu`): device detection
+// (TOKENSEL_REQUIRE_GPU(), tests/testing/gpu_device.h: skip without a GPU,
+// fail on a broken one or with TOKENSEL_REQUIRE_GPU=1), RAII device buffers,
+// and device mirrors of host test tensors.
 //
 //   class MyGpuTest : public ::testing::Test {
 //     void SetUp() override { TOKENSEL_REQUIRE_GPU(); }
@@ -22,34 +24,9 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/tensor_view.h"
 #include "kernels/validate.h"
+#include "tests/testing/gpu_device.h"
 
 namespace tokensel::gputest {
-
-// True when a usable CUDA device exists; otherwise `reason` says why
-// ("cudaGetDeviceCount: no CUDA-capable device is detected", ...).
-inline bool HaveDevice(std::string* reason) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    *reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
-    return false;
-  }
-  if (count == 0) {
-    *reason = "cudaGetDeviceCount found 0 devices";
-    return false;
-  }
-  return true;
-}
-
-// In a test body or SetUp(): skip the test when there is no device.
-#define TOKENSEL_REQUIRE_GPU()                                     \
-  do {                                                             \
-    std::string tokensel_gpu_reason_;                              \
-    if (!::tokensel::gputest::HaveDevice(&tokensel_gpu_reason_)) { \
-      GTEST_SKIP() << "no CUDA device: " << tokensel_gpu_reason_;  \
-    }                                                              \
-  } while (false)
 
 // Records a test failure (with the CUDA error text) when `expr` fails.
 #define TOKENSEL_EXPECT_CUDA(expr)                                  \

@@ -1,5 +1,5 @@
 // What only the CUDA backend has: its workspace pool (label `gpu`; skips
-// without a device; built only when this build has CUDA).
+// without a GPU, fails on a broken one; built only when this build has CUDA).
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -9,6 +9,7 @@
 #include "server/backends/cuda_backend.h"
 #include "server/backends/cuda_devices.h"
 #include "tests/server/backends/backend_conformance.h"
+#include "tests/testing/gpu_device.h"
 
 namespace tokensel::testing {
 namespace {
@@ -42,16 +43,15 @@ absl::Status RunSort(core::Backend& backend, int64_t B, int64_t R, int64_t S,
 absl::Status RunSmall(core::Backend& b) { return RunSort(b, 8, 512, 1024); }
 absl::Status RunLarge(core::Backend& b) { return RunSort(b, 1, 1 << 20, 1 << 20, false); }
 
-absl::StatusOr<std::unique_ptr<backends::CudaBackend>> FirstDevice() {
-  const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
-  if (devices.empty()) return absl::UnavailableError("no CUDA device");
-  return backends::CudaBackend::Create(devices[0].uuid);
-}
-
-#define TOKENSEL_CUDA_BACKEND_OR_SKIP(name)                                         \
-  absl::StatusOr<std::unique_ptr<backends::CudaBackend>> name##_or = FirstDevice(); \
-  if (absl::IsUnavailable(name##_or.status())) GTEST_SKIP() << "no CUDA device";    \
-  ASSERT_OK(name##_or);                                                             \
+// A backend on the first device: skips without a GPU (TOKENSEL_REQUIRE_GPU:
+// fails on a broken one, or on none when a GPU is required).
+#define TOKENSEL_CUDA_BACKEND_OR_SKIP(name)                                                       \
+  TOKENSEL_REQUIRE_GPU();                                                                         \
+  const std::vector<core::DeviceDescription> name##_devices = backends::ListCudaDevices();        \
+  ASSERT_FALSE(name##_devices.empty()) << "the CUDA runtime sees a device, ListCudaDevices none"; \
+  absl::StatusOr<std::unique_ptr<backends::CudaBackend>> name##_or =                              \
+      backends::CudaBackend::Create(name##_devices[0].uuid);                                      \
+  ASSERT_OK(name##_or);                                                                           \
   backends::CudaBackend& name = **name##_or
 
 TEST(CudaBackendPoolTest, WorkspacesAreReusedNotReallocated) {

@@ -1,24 +1,24 @@
 // CudaIpcMapper with a real device: an allocation exported by another
-// process (this binary re-executed as an exporter) is mapped, read, bounds-
-// checked and closed. Skips without a CUDA device. Built only with CUDA.
+// process (tokensel_cuda_ipc_exporter, cuda_ipc_exporter.cc) is mapped, read,
+// bounds-checked and closed. Label `gpu`; skips without a GPU and fails on a
+// broken one (tests/testing/gpu_device.h). Built only with CUDA.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/gpu_uuid.h"
 #include "gtest/gtest.h"
 #include "server/memory/cuda_ipc_mapper.h"
+#include "tests/testing/gpu_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::memory {
@@ -27,52 +27,12 @@ namespace {
 using ::absl::StatusCode;
 using ::tokensel::testing::StatusIs;
 
-constexpr char kExporterEnv[] = "TOKENSEL_CUDA_IPC_EXPORTER";
-constexpr int kReplyFd = 3;  // exporter -> test: "<hex handle> <uuid>\n"
-constexpr int kHoldFd = 4;   // test -> exporter: EOF means "free and exit"
-constexpr size_t kAllocBytes = size_t{1} << 20;
+constexpr int kReplyFd = 3;                      // exporter -> test: "<hex handle> <uuid>\n"
+constexpr int kHoldFd = 4;                       // test -> exporter: EOF means "free and exit"
+constexpr size_t kAllocBytes = size_t{1} << 20;  // as cuda_ipc_exporter.cc
 constexpr size_t kMarkerOffset = 4096;
 
-bool HaveDevice() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
-// The exporter side; a no-op unless this process was started by Exporter.
-TEST(CudaIpcExporter, Export) {
-  if (std::getenv(kExporterEnv) == nullptr) {
-    GTEST_SKIP() << "helper of CudaIpcDeviceTest; runs only in its child process";
-  }
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, kAllocBytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(p, 0x5A, kAllocBytes), cudaSuccess);
-  std::vector<unsigned char> marker(256);
-  for (size_t i = 0; i < marker.size(); ++i) marker[i] = static_cast<unsigned char>(i);
-  ASSERT_EQ(cudaMemcpy(static_cast<char*>(p) + kMarkerOffset, marker.data(), marker.size(),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  cudaIpcMemHandle_t handle;
-  ASSERT_EQ(cudaIpcGetMemHandle(&handle, p), cudaSuccess);
-  int device = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, device), cudaSuccess);
-  const std::string line =
-      absl::StrCat(absl::BytesToHexString(absl::string_view(handle.reserved, sizeof(handle))), " ",
-                   FormatGpuUuid(prop.uuid.bytes), "\n");
-  ASSERT_EQ(write(kReplyFd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
-  close(kReplyFd);
-  char c;
-  while (read(kHoldFd, &c, 1) > 0) {
-  }
-  EXPECT_EQ(cudaFree(p), cudaSuccess);
-}
-
-// Starts this binary as an exporter and reads its handle and device UUID.
+// Starts tokensel_cuda_ipc_exporter and reads its handle and device UUID.
 class Exporter {
  public:
   bool Start() {
@@ -86,11 +46,9 @@ class Exporter {
       const int hold_r = fcntl(hold[0], F_DUPFD_CLOEXEC, 10);
       dup2(reply_w, kReplyFd);
       dup2(hold_r, kHoldFd);
-      setenv(kExporterEnv, "1", 1);
-      char filter[] = "--gtest_filter=CudaIpcExporter.Export";
-      char self[] = "/proc/self/exe";
-      char* argv[] = {self, filter, nullptr};
-      execv(self, argv);
+      char exporter[] = TOKENSEL_CUDA_IPC_EXPORTER_BINARY;
+      char* argv[] = {exporter, nullptr};
+      execv(exporter, argv);
       _exit(127);
     }
     close(reply[1]);
@@ -135,7 +93,7 @@ std::vector<unsigned char> CopyOut(const core::MappedRegion& region, size_t n) {
 }
 
 TEST(CudaIpcDeviceTest, MapsAnAllocationOfAnotherProcess) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device visible; CUDA IPC needs one";
+  TOKENSEL_REQUIRE_GPU();
   Exporter exporter;
   ASSERT_TRUE(exporter.Start());
   CudaIpcMapper mapper;
@@ -177,7 +135,7 @@ TEST(CudaIpcDeviceTest, MapsAnAllocationOfAnotherProcess) {
 }
 
 TEST(CudaIpcDeviceTest, GarbageHandleIsRejected) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device visible; CUDA IPC needs one";
+  TOKENSEL_REQUIRE_GPU();
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   CudaIpcMapper mapper;

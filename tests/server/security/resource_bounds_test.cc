@@ -34,10 +34,12 @@ TEST_F(SecurityTest, AnExecuteWhoseResponseCannotFitIsRefusedBeforeRunning) {
   ASSERT_OK(session);
   v1::ExecuteRequest execute;
   for (int i = 0; i < 40; ++i) *execute.add_ops() = SegmentWithInlineOutputs(7'500'000);
-  const absl::Time start = absl::Now();
   EXPECT_THAT((*session)->client().Execute(execute).status(),
               StatusIs(absl::StatusCode::kResourceExhausted, "limit of one response"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Refused before running: no op reached the backend (an event count, not
+  // a time bound that a loaded sanitizer run could exceed).
+  EXPECT_EQ(Metric("tokensel_op_duration_seconds_count{backend=\"cpu\",op=\"SegmentSeqlens\"}"), 0)
+      << "an op of the refused Execute ran";
   EXPECT_LT(PeakRssKiB(), 512 * 1024) << "the server built the response anyway";
   ExpectServing();
 }
@@ -163,14 +165,16 @@ TEST_F(SecurityTest, WorkStopsWhenItsDeadlinePasses) {
   EXPECT_THAT(
       (*session)->client().WithDeadline(absl::Milliseconds(300)).SampleTokens(sample).status(),
       StatusIs(absl::StatusCode::kDeadlineExceeded));
-  // The server gives its worker back soon after: the in-flight gauge drops.
+  // The server gives its worker back: the in-flight gauge drops to 0 while
+  // the op, had it run on, would still have most of its ~15 s (longer under
+  // the sanitizers) to go. The wait is bounded by that, not by a latency
+  // target (how soon the op stops is a benchmark's business).
   double inflight = 1;
   while (absl::Now() - start < absl::Seconds(10) &&
          (inflight = Metric("tokensel_inflight_requests")) > 0) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_EQ(inflight, 0);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "the op ran on after its deadline";
+  EXPECT_EQ(inflight, 0) << "the op ran on after its deadline";
   ExpectServing();
 }
 
