@@ -144,7 +144,6 @@ absl::Status MergeTokens(const MergeTokensArgs& args, ThreadPool* pool) {
   // would overwrite layer's rows, which the tests see.
   CopyRetainedRows(args.out, args.layer, idx, d, bf, /*to_tokens=*/true, pool);
   if (SameView(args.out, args.x)) return CheckStop();
-  RETURN_IF_ERROR(CheckStop());
   const std::unique_ptr<uint64_t[]> bits = Membership(idx, d, pool);
   RETURN_IF_ERROR(CheckStop());
   CopyOtherRows(args.out, args.x, d, bits.get(), bf, pool);
@@ -165,7 +164,6 @@ absl::Status SplitTokens(const SplitTokensArgs& args, ThreadPool* pool) {
   RETURN_IF_ERROR(CheckStop());
   ZeroRetainedRows(args.rest_grad, idx, d, bf, pool);
   if (SameView(args.rest_grad, args.grad)) return CheckStop();
-  RETURN_IF_ERROR(CheckStop());
   const std::unique_ptr<uint64_t[]> bits = Membership(idx, d, pool);
   RETURN_IF_ERROR(CheckStop());
   CopyOtherRows(args.rest_grad, args.grad, d, bits.get(), bf, pool);
