@@ -246,6 +246,13 @@ TEST_P(BackendConformanceTest, ScratchBytesIsSafeOnInvalidArgs) {
   (void)backend().ScratchBytes(seg);
   kernels::TopKTokensArgs topk;
   (void)backend().ScratchBytes(topk);
+  kernels::MergeTokensArgs merge;
+  merge.x = TensorView::Contiguous(nullptr, DType::kFloat32, {1 << 20, INT32_MAX, 0});
+  (void)backend().ScratchBytes(merge);
+  kernels::SplitTokensArgs split;
+  split.grad = merge.x;
+  split.indices = TensorView::Contiguous(nullptr, DType::kInt64, {1 << 20, 7});
+  (void)backend().ScratchBytes(split);
   kernels::SampleTokensArgs sample;
   sample.layers = INT64_MAX;
   sample.batch = INT64_MAX;
