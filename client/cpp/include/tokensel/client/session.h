@@ -52,14 +52,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "tokensel/client/client.h"
 
@@ -137,43 +134,14 @@ class Session {
   absl::Status last_reopen_status() const;
 
  private:
-  Session(Client client, SessionOptions options);
-  // The OpenSession call (no lock needed: base_ and options_ are const).
-  absl::StatusOr<v1::OpenSessionResponse> OpenNew() const;
-  // Re-open for attempt `attempt`: closes the old id first if `close_old`;
-  // with `only_if_lost`, does nothing (OK) unless the session is lost.
-  absl::Status ReopenLocked(uint64_t attempt, bool close_old, bool only_if_lost)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reopen_mu_);
-  // Records that attempt `attempt` found the session open with `status`.
-  void RecordOpenLocked(uint64_t attempt, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Duration IntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void KeepAliveLoop();
+  // Everything mutable, with its locks and the keep-alive thread, lives in
+  // session.cc: the locks are tokensel::Mutex (pthread-based, so
+  // ThreadSanitizer sees them, unlike Debian's absl::Mutex) and that type is
+  // not part of the installed headers.
+  class State;
+  explicit Session(std::unique_ptr<State> state);
 
-  const Client base_;  // no session id
-  const SessionOptions options_;
-
-  // Serializes re-opens (manual and automatic) with RegisterBuffer and
-  // UnregisterBuffer; held across their RPCs. Taken before mu_.
-  absl::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  // The state below; never held across an RPC.
-  mutable absl::Mutex mu_;
-  std::string id_ ABSL_GUARDED_BY(mu_);
-  absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_);
-  // Changed only with reopen_mu_ held too.
-  std::vector<v1::RegisterBufferRequest> registrations_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool lost_ ABSL_GUARDED_BY(mu_) = false;  // id_ is known to be gone
-  int64_t keep_alive_count_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status last_keep_alive_ ABSL_GUARDED_BY(mu_);
-  int64_t reopen_count_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status last_reopen_ ABSL_GUARDED_BY(mu_);
-  // Attempts (renewals, re-opens) are numbered as they begin; open_attempt_
-  // is the latest one that found the session open, with open_status_.
-  uint64_t attempts_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t open_attempt_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status open_status_ ABSL_GUARDED_BY(mu_);
-  std::thread keep_alive_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace tokensel::client
