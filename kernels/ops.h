@@ -203,6 +203,56 @@ struct SplitTokensArgs {
 };
 absl::Status ValidateSplitTokens(const SplitTokensArgs& args);
 
+// 11. SamplePackedTokens (Random-LTD for packed THD batches, fused).
+//   cu_seqlens: int32 [N+1], N >= 0: sequence i is tokens [cu[i], cu[i+1])
+//               of a packed batch of total_tokens (T) tokens; valid data has
+//               cu[0] == 0, cu non-decreasing, cu[N] <= T (checked on a
+//               private snapshot: errors name the first bad i and values).
+//   Per sequence n_i = cu[i+1] - cu[i] and
+//     r_i = min(n_i, max(min_tokens, ceil(n_i * keep_num / keep_den)))
+//   (PackedKeep, kernels/sample_math.h); T' = sum of r_i.
+//   cu_seqlens_kept: int32 [N+1], the prefix sums of r_i.
+//   ids:       int32 [L,T']: in layer l, entries [cu_kept[i], cu_kept[i+1])
+//              are SampleTokens' row (l, b = i) of (S = n_i, R = r_i), plus
+//              cu[i]: a uniform random r_i-subset, ascending, a pure function
+//              of (seed, step, l, i, n_i, r_i). A dim 1 other than T' is
+//              INVALID_ARGUMENT once the data is read (PackedKeptTokens
+//              computes T' for a caller that sizes outputs).
+//   positions: optional int32 [L,T']: ids - cu[i] (for RoPE).
+//   inverse:   optional int32 [L,T]: the rank in [0,T') of a kept token, -1
+//              for a dropped one and for every token at or past cu[N].
+//   activations: optional [T,C], any dtype and strides; out: optional [T',C]
+//              of the same dtype, the kept tokens (rows ids[0]); needs
+//              activations and L == 1.
+//   Outputs overlap neither one another nor the inputs.
+struct SamplePackedTokensArgs {
+  TensorView cu_seqlens;
+  int64_t total_tokens = 0;  // T <= INT32_MAX (activations' dim 0 when given)
+  int64_t keep_num = 0;      // 0 <= keep_num <= keep_den
+  int64_t keep_den = 1;      // >= 1
+  int64_t min_tokens = 0;    // >= 0
+  int64_t layers = 0;        // L < 2^32
+  uint64_t seed = 0;
+  uint64_t step = 0;  // < 2^32
+  TensorView cu_seqlens_kept;
+  TensorView ids;
+  std::optional<TensorView> positions;
+  std::optional<TensorView> inverse;
+  std::optional<TensorView> activations;
+  std::optional<TensorView> out;
+};
+// Metadata only (the dims that depend on T' are checked with the data).
+absl::Status ValidateSamplePackedTokens(const SamplePackedTokensArgs& args);
+// The data check of cu_seqlens (a private copy, `n_plus_1` values) against T:
+// the first bad i with its values.
+absl::Status CheckPackedCuSeqlens(const int32_t* cu, int64_t n_plus_1, int64_t total_tokens);
+// T' of valid cu_seqlens data (the caller checked it with
+// CheckPackedCuSeqlens) under the args' keep rule.
+int64_t PackedKeptTokens(const int32_t* cu, int64_t n_plus_1, const SamplePackedTokensArgs& args);
+// The dims that depend on T' (ids, positions, out): INVALID_ARGUMENT naming
+// the tensor, its dim and T'.
+absl::Status CheckPackedKeptDims(const SamplePackedTokensArgs& args, int64_t kept_tokens);
+
 // True when `a` and `b` are the same view (data, dtype, shape, and strides
 // of every dim of size > 1: the same element addresses): the
 // in-place forms of SortTokens (out = ids), MergeTokens (out = x) and
@@ -220,6 +270,9 @@ inline absl::Status Validate(const SampleTokensArgs& a) { return ValidateSampleT
 inline absl::Status Validate(const TopKTokensArgs& a) { return ValidateTopKTokens(a); }
 inline absl::Status Validate(const MergeTokensArgs& a) { return ValidateMergeTokens(a); }
 inline absl::Status Validate(const SplitTokensArgs& a) { return ValidateSplitTokens(a); }
+inline absl::Status Validate(const SamplePackedTokensArgs& a) {
+  return ValidateSamplePackedTokens(a);
+}
 
 }  // namespace tokensel::kernels
 

@@ -56,6 +56,20 @@ TOKENSEL_HD constexpr uint64_t SamplePositionKey(uint64_t seed, uint64_t step, i
   return SampleKeyHalf(out, static_cast<int>(s & 1));
 }
 
+// SamplePackedTokens' r_i (kernels/ops.h op 11): min(n, max(min_tokens,
+// ceil(n * keep_num / keep_den))) for 0 <= n <= INT32_MAX, 0 <= keep_num <=
+// keep_den, keep_den >= 1, min_tokens >= 0. Exact: n * keep_num (< 2^94) is
+// formed in 128 bits. The result is in [0, n].
+TOKENSEL_HD constexpr int64_t PackedKeep(int64_t n, int64_t keep_num, int64_t keep_den,
+                                         int64_t min_tokens) {
+  __extension__ typedef unsigned __int128 U128;  // GCC, Clang and nvcc (host and device)
+  const U128 product = static_cast<U128>(n) * static_cast<uint64_t>(keep_num);
+  const U128 den = static_cast<uint64_t>(keep_den);
+  const auto ceil = static_cast<int64_t>((product + den - 1) / den);  // <= n
+  const int64_t wanted = ceil > min_tokens ? ceil : min_tokens;
+  return wanted < n ? wanted : n;
+}
+
 }  // namespace tokensel::kernels
 
 #endif  // TOKENSEL_KERNELS_SAMPLE_MATH_H_

@@ -48,6 +48,7 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool);
 absl::Status TopKTokens(const TopKTokensArgs& args, ThreadPool* pool);
 absl::Status MergeTokens(const MergeTokensArgs& args, ThreadPool* pool);
 absl::Status SplitTokens(const SplitTokensArgs& args, ThreadPool* pool);
+absl::Status SamplePackedTokens(const SamplePackedTokensArgs& args, ThreadPool* pool);
 
 uint64_t ScratchBytes(const SortTokensArgs& args, int threads);
 uint64_t ScratchBytes(const GatherTokensArgs& args, int threads);
@@ -59,6 +60,7 @@ uint64_t ScratchBytes(const SampleTokensArgs& args, int threads);
 uint64_t ScratchBytes(const TopKTokensArgs& args, int threads);
 uint64_t ScratchBytes(const MergeTokensArgs& args, int threads);
 uint64_t ScratchBytes(const SplitTokensArgs& args, int threads);
+uint64_t ScratchBytes(const SamplePackedTokensArgs& args, int threads);
 
 // Run<Op> by argument type, for code generic over the ops (CpuBackend).
 inline absl::Status Run(const SortTokensArgs& a, ThreadPool* p) { return SortTokens(a, p); }
@@ -71,6 +73,9 @@ inline absl::Status Run(const SampleTokensArgs& a, ThreadPool* p) { return Sampl
 inline absl::Status Run(const TopKTokensArgs& a, ThreadPool* p) { return TopKTokens(a, p); }
 inline absl::Status Run(const MergeTokensArgs& a, ThreadPool* p) { return MergeTokens(a, p); }
 inline absl::Status Run(const SplitTokensArgs& a, ThreadPool* p) { return SplitTokens(a, p); }
+inline absl::Status Run(const SamplePackedTokensArgs& a, ThreadPool* p) {
+  return SamplePackedTokens(a, p);
+}
 
 }  // namespace tokensel::kernels::cpu
 

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/sample_row.h"
 #include "kernels/cpu/sample_select.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/philox.h"
@@ -80,23 +81,6 @@ TOKENSEL_PHILOX_CLONES void PhiloxBlock(Philox4x32Key key, uint32_t l, uint32_t 
   }
 }
 
-// keys[i] = k(begin + i) for i in [0, count) of row (l, b); `begin` is even.
-void ComputeRowKeys(Philox4x32Key key, uint32_t l, uint32_t b, uint32_t step, int64_t begin,
-                    int64_t count, uint64_t* keys) {
-  const int64_t first_pair = begin / 2;
-  const int64_t full_pairs = count / 2;  // an odd count leaves one even position
-  int64_t p = 0;
-  for (; p + kBlockPairs <= full_pairs; p += kBlockPairs) {
-    PhiloxBlock(key, l, b, step, static_cast<uint32_t>(first_pair + p), keys + 2 * p);
-  }
-  for (int64_t i = 2 * p; i < count; i += 2) {
-    const int64_t s = begin + i;
-    const Philox4x32Counter out = Philox4x32_10(SampleCounter(s >> 1, l, b, step), key);
-    keys[i] = SampleKeyHalf(out, 0);
-    if (i + 1 < count) keys[i + 1] = SampleKeyHalf(out, 1);
-  }
-}
-
 void WriteIds(const TensorView& ids, int64_t row, const int32_t* picked, int64_t R) {
   char* out = ids.At(RowOffset(ids, row));
   const int64_t stride = ids.strides[2] * ids.elem_size();  // bytes
@@ -114,6 +98,52 @@ void WriteIds(const TensorView& ids, int64_t row, const int32_t* picked, int64_t
 
 }  // namespace
 
+void ComputeRowKeys(Philox4x32Key key, uint32_t l, uint32_t b, uint32_t step, int64_t begin,
+                    int64_t count, uint64_t* keys) {
+  const int64_t first_pair = begin / 2;
+  const int64_t full_pairs = count / 2;  // an odd count leaves one even position
+  int64_t p = 0;
+  for (; p + kBlockPairs <= full_pairs; p += kBlockPairs) {
+    PhiloxBlock(key, l, b, step, static_cast<uint32_t>(first_pair + p), keys + 2 * p);
+  }
+  for (int64_t i = 2 * p; i < count; i += 2) {
+    const int64_t s = begin + i;
+    const Philox4x32Counter out = Philox4x32_10(SampleCounter(s >> 1, l, b, step), key);
+    keys[i] = SampleKeyHalf(out, 0);
+    if (i + 1 < count) keys[i + 1] = SampleKeyHalf(out, 1);
+  }
+}
+
+uint64_t SampleRowScratchBytes(int64_t S) {
+  if (S <= 0) return 0;
+  const int64_t keys = S > kChunkedSelectMinS ? kSelectChunk : S;
+  return SatAdd(SatMul3(keys, sizeof(uint64_t), 1), SelectScratchBytes(S));
+}
+
+bool SampleRow(Philox4x32Key key, uint32_t l, uint32_t b, uint32_t step, int64_t S, int64_t R,
+               SampleRowScratch& scratch, int32_t* picked, char* inv, int64_t inv_stride) {
+  if (R == 0 || R == S) {  // no keys needed
+    SelectRow(nullptr, S, R, scratch.select, picked, inv, inv_stride);
+    return true;
+  }
+  if (S > kChunkedSelectMinS) {
+    auto keys_of = [&](int64_t first, int64_t count, uint64_t* out) {
+      ComputeRowKeys(key, l, b, step, first, count, out);
+    };
+    // A row can take seconds: it checks the stop token every chunk.
+    return SelectRowChunked(keys_of, S, R, kSelectChunk, scratch.select, scratch.chunk_keys, picked,
+                            inv, inv_stride);
+  }
+  if (scratch.keys_capacity < S) {
+    scratch.keys.reset();                 // the old block goes first: the peak is S keys
+    scratch.keys.reset(new uint64_t[S]);  // uninitialized: every slot is computed
+    scratch.keys_capacity = S;
+  }
+  ComputeRowKeys(key, l, b, step, 0, S, scratch.keys.get());
+  SelectRow(scratch.keys.get(), S, R, scratch.select, picked, inv, inv_stride);
+  return true;
+}
+
 absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
   RETURN_IF_ERROR(ValidateSampleTokens(args));
   // No data to validate: every input is metadata, so writing starts here.
@@ -124,33 +154,15 @@ absl::Status SampleTokens(const SampleTokensArgs& args, ThreadPool* pool) {
   const TensorView inverse = has_inverse ? *args.inverse : TensorView{};
   const int64_t grain = std::max<int64_t>(1, kGrainPositions / std::max<int64_t>(S, 1));
   const int64_t inv_stride = has_inverse ? inverse.strides[2] * int64_t{sizeof(int32_t)} : 0;
-  const bool random = R != 0 && R != S;
-  // Long rows are selected from keys made chunk by chunk (sample_select.h).
-  const bool chunked = S > kChunkedSelectMinS;
   const Philox4x32Key key = SampleKey(args.seed);
   const auto step = static_cast<uint32_t>(args.step);
   ParallelFor(pool, rows, grain, [&](int64_t begin, int64_t end) {
-    // Keys of a whole row (uninitialized: every slot is computed before use).
-    std::unique_ptr<uint64_t[]> row_keys(random && !chunked ? new uint64_t[S] : nullptr);
-    std::vector<uint64_t> chunk_keys;  // chunked rows: kSelectChunk keys
     std::vector<int32_t> picked(static_cast<size_t>(R) + 1);
-    SelectScratch scratch;
+    SampleRowScratch scratch;
     for (int64_t row = begin; row < end; ++row) {
       const auto l = static_cast<uint32_t>(row / B), b = static_cast<uint32_t>(row % B);
       char* inv = has_inverse ? inverse.At(RowOffset(inverse, row)) : nullptr;
-      if (chunked) {
-        auto keys_of = [&](int64_t first, int64_t count, uint64_t* out) {
-          ComputeRowKeys(key, l, b, step, first, count, out);
-        };
-        // A row can take seconds: it checks the stop token every chunk.
-        if (!SelectRowChunked(keys_of, S, R, kSelectChunk, scratch, chunk_keys, picked.data(), inv,
-                              inv_stride)) {
-          return;
-        }
-      } else {
-        if (random) ComputeRowKeys(key, l, b, step, 0, S, row_keys.get());
-        SelectRow(row_keys.get(), S, R, scratch, picked.data(), inv, inv_stride);
-      }
+      if (!SampleRow(key, l, b, step, S, R, scratch, picked.data(), inv, inv_stride)) return;
       WriteIds(args.ids, row, picked.data(), R);
     }
   });
@@ -174,11 +186,7 @@ uint64_t ScratchBytes(const SampleTokensArgs& args, int threads) {
   const int64_t S = args.original_tokens, R = args.retained_tokens;
   const int64_t rows = args.layers * args.batch;
   uint64_t per_chunk = SatMul3(R + 1, sizeof(int32_t), 1);  // picked
-  if (R != 0 && R != S) {
-    const int64_t keys = S > kChunkedSelectMinS ? kSelectChunk : S;
-    per_chunk = SatAdd(per_chunk, SatMul3(keys, sizeof(uint64_t), 1));
-    per_chunk = SatAdd(per_chunk, SelectScratchBytes(S));
-  }
+  if (R != 0 && R != S) per_chunk = SatAdd(per_chunk, SampleRowScratchBytes(S));
   uint64_t bytes = SatMul(LiveChunks(threads, rows), per_chunk);
   if (args.bert_mask) {  // runs after the rows' scratch is freed
     bytes = std::max(

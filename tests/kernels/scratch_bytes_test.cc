@@ -434,6 +434,48 @@ TEST(ScratchBytesTest, SampleTokens) {
   ExpectTight(args, &k::cpu::SampleTokens, "sample typical");
 }
 
+TEST(ScratchBytesTest, SamplePackedTokens) {
+  std::mt19937_64 rng(15);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t N = Pick(rng, {0, 1, 3, 40});
+    std::vector<int32_t> cu = {0};
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t n =
+          iter == 7 && i == 0 ? (int64_t{1} << 20) + 9 : static_cast<int64_t>(rng() % 300);
+      cu.push_back(static_cast<int32_t>(cu.back() + n));
+    }
+    const int64_t T = cu.back() + static_cast<int64_t>(rng() % 3);
+    const int64_t den = 1 + static_cast<int64_t>(rng() % 8);
+    k::SamplePackedTokensArgs args;
+    args.keep_den = den;
+    args.keep_num = static_cast<int64_t>(rng() % (den + 1));
+    args.min_tokens = static_cast<int64_t>(rng() % 3);
+    args.layers = iter == 7 ? 1 : Pick(rng, {1, 2, 3});
+    args.total_tokens = T;
+    args.seed = rng();
+    TestTensor cu_t(DType::kInt32, {N + 1}), kept_t(DType::kInt32, {N + 1});
+    for (int64_t i = 0; i <= N; ++i) cu_t.SetIndex(i, cu[i]);
+    args.cu_seqlens = cu_t.view();
+    args.cu_seqlens_kept = kept_t.view();
+    const int64_t kept = k::PackedKeptTokens(cu.data(), N + 1, args);
+    TestTensor ids(DType::kInt32, {args.layers, kept}, RandomLayout(rng, 2));
+    args.ids = ids.view();
+    TestTensor inv, act, out;
+    if (rng() % 2) {
+      inv = TestTensor(DType::kInt32, {args.layers, T});
+      args.inverse = inv.view();
+    }
+    if (args.layers == 1 && T < 100000 && rng() % 2) {
+      act = TestTensor(DType::kFloat32, {T, 8});
+      out = TestTensor(DType::kFloat32, {kept, 8});
+      args.activations = act.view();
+      args.out = out.view();
+    }
+    ExpectBounded(args, &k::cpu::SamplePackedTokens,
+                  "sample packed N=" + std::to_string(N) + " T=" + std::to_string(T));
+  }
+}
+
 TEST(ScratchBytesTest, TopKTokens) {
   std::mt19937_64 rng(6);
   for (int iter = 0; iter < 80; ++iter) {
