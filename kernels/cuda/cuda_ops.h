@@ -94,6 +94,7 @@ TOKENSEL_CUDA_OP(SampleTokens);
 TOKENSEL_CUDA_OP(TopKTokens);
 TOKENSEL_CUDA_OP(MergeTokens);
 TOKENSEL_CUDA_OP(SplitTokens);
+TOKENSEL_CUDA_OP(SamplePackedTokens);
 
 #undef TOKENSEL_CUDA_OP
 

@@ -85,6 +85,18 @@ SplitLayout SplitTokensLayout(const SplitTokensArgs& args) {
   return l;
 }
 
+SamplePackedLayout SamplePackedTokensLayout(const SamplePackedTokensArgs& args) {
+  SamplePackedLayout l;
+  if (!ValidateSamplePackedTokens(args).ok()) return l;
+  l.n_plus_1 = args.cu_seqlens.shape[0];
+  WorkspaceLayout w;
+  l.cu = w.Add({l.n_plus_1, 4});
+  l.kept = w.Add({l.n_plus_1, 8});
+  if (args.out.has_value()) l.gather_ids = w.Add({args.ids.shape[1], 4});
+  l.total = w.total();
+  return l;
+}
+
 IndexOpLayout GatherBertMaskLayout(const GatherBertMaskArgs& args) {
   IndexOpLayout l;
   if (!ValidateGatherBertMask(args).ok()) return l;

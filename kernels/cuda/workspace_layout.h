@@ -131,6 +131,19 @@ struct SegmentLayout {
 };
 SegmentLayout SegmentSeqlensLayout(const SegmentSeqlensArgs& args);
 
+// SamplePackedTokens:
+//   [status][snapshot of cu_seqlens, N+1 int32][kept: r_i, then their
+//   inclusive prefix sums, N+1 int64][with out: the ids the gather reads,
+//   ids' dim 1 (= T' when the data is valid) int32]
+struct SamplePackedLayout {
+  int64_t n_plus_1 = 0;
+  size_t cu = 0;
+  size_t kept = 0;
+  size_t gather_ids = 0;  // 0 without out
+  size_t total = kDeviceStatusBytes;
+};
+SamplePackedLayout SamplePackedTokensLayout(const SamplePackedTokensArgs& args);
+
 }  // namespace tokensel::kernels::cuda
 
 #endif  // TOKENSEL_KERNELS_CUDA_WORKSPACE_LAYOUT_H_

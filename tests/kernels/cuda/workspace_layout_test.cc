@@ -330,5 +330,41 @@ TEST(WorkspaceLayoutTest, SampleTokensComposesTheMaskWorkspace) {
   EXPECT_EQ(SampleTokensWorkspaceBytes(sample), kDeviceStatusBytes + bert_bytes);
 }
 
+// SamplePackedTokens: the snapshot of cu_seqlens, kept (int64) and, with
+// out, the gather's private ids, disjoint and inside; absent out adds none.
+TEST(WorkspaceLayoutTest, SamplePackedTokens) {
+  for (const int64_t n_plus_1 : {int64_t{1}, int64_t{2}, int64_t{65}, int64_t{1000001}}) {
+    for (const bool with_out : {false, true}) {
+      SamplePackedTokensArgs a;
+      a.cu_seqlens = View(0, DType::kInt32, {n_plus_1});
+      a.cu_seqlens_kept = View(1, DType::kInt32, {n_plus_1});
+      a.total_tokens = 5000;
+      a.keep_num = 1;
+      a.keep_den = 2;
+      a.layers = 1;
+      a.ids = View(2, DType::kInt32, {1, 777});
+      if (with_out) {
+        a.activations = View(3, DType::kBFloat16, {5000, 16});
+        a.out = View(4, DType::kBFloat16, {777, 16});
+      }
+      const SamplePackedLayout l = SamplePackedTokensLayout(a);
+      SCOPED_TRACE(n_plus_1);
+      EXPECT_EQ(l.n_plus_1, n_plus_1);
+      std::vector<Section> sections = {{"cu", l.cu, static_cast<uint64_t>(n_plus_1) * 4},
+                                       {"kept", l.kept, static_cast<uint64_t>(n_plus_1) * 8}};
+      if (with_out) sections.push_back({"gather_ids", l.gather_ids, 777 * 4});
+      ExpectSections(sections, l.total);
+      EXPECT_EQ(SamplePackedTokensWorkspaceBytes(a), l.total);
+      if (!with_out) {
+        EXPECT_EQ(l.gather_ids, 0u);
+      }
+    }
+  }
+  SamplePackedTokensArgs bad;  // cu_seqlens of rank 2
+  bad.cu_seqlens = View(0, DType::kInt32, {2, 2});
+  bad.keep_den = 1;
+  EXPECT_EQ(SamplePackedTokensWorkspaceBytes(bad), kDeviceStatusBytes);
+}
+
 }  // namespace
 }  // namespace tokensel::kernels::cuda

@@ -1,0 +1,318 @@
+// CUDA SamplePackedTokens (contract: ops.h op 11; CPU twin:
+// kernels/cpu/sample_packed.cc). Bit-identical to the CPU: sequence i of
+// layer l is SampleTokens' row (l, b = i) with S = n_i, R = r_i, selected by
+// the same block-wide radix select (select.cuh) over the same Philox keys.
+//
+// Launches, in stream order (workspace: SamplePackedTokensLayout):
+//   1. ResetStatusAsync; LaunchSnapshot copies cu_seqlens (client memory)
+//      once into the workspace. Every later kernel reads only that copy.
+//   2. PackedCheckKernel, grid-stride over i in [0, N]: cu[0] == 0, cu
+//      non-decreasing, cu[N] <= T, else SetInvalid (the message comes from
+//      the host in Finish); stores r_i (PackedKeep, sample_math.h) at
+//      kept[i + 1] and 0 at kept[0].
+//   3. PackedScanKernel, one block: inclusive prefix sums of kept in tiles
+//      (cub::BlockScan with a running total; no cub::Device* call, whose
+//      kernels the static checks cannot hold to 0 spills), then compares
+//      kept[N] = T' with the dims sized by the caller (ids, positions, out):
+//      a mismatch is invalid data too.
+//   4. PackedSampleKernel<kInverse>, one 256-thread block per task (l, i),
+//      grid-stride over L * N tasks (no launch limit on N): returns at once
+//      when the status word is set; BlockSelectThreshold + BlockEmitSelected
+//      write ids, positions and inverse of the sequence, and, for the fused
+//      gather, the ids again into the workspace (the gather never reads the
+//      client's ids back).
+//   5. PackedTailKernel, grid-stride: cu_seqlens_kept = kept (int32) and
+//      inverse = -1 for tokens at or past cu[N]; gated like 4.
+//   6. The fused gather (L = 1): the row-copy engine (copy_kernels.cuh)
+//      copies activations row gather_ids[k] to out row k; gated.
+// Work balance: a block handles one sequence, so a pack of millions of short
+// sequences fills the device, but one very long sequence runs on one block
+// (its radix select recomputes its keys on each pass); docs/gpu.md.
+// Every address the write kernels form comes from the workspace: the
+// snapshot (validated) and kept (computed from it); slots stay below r_i
+// (EmitSlot's bound), so a sequence writes only its own slice.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cub/cub.cuh>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/copy_kernels.cuh"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/select.cuh"
+#include "kernels/cuda/snapshot.cuh"
+#include "kernels/cuda/status.cuh"
+#include "kernels/cuda/view_access.cuh"
+#include "kernels/cuda/workspace_layout.h"
+#include "kernels/ops.h"
+#include "kernels/philox.h"
+#include "kernels/sample_math.h"
+
+namespace tokensel::kernels::cuda {
+namespace {
+
+constexpr int kPackedThreads = 256;
+constexpr int kPackedItems = 2;  // one Philox draw = one position pair
+constexpr int kScanItems = 4;
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+
+// ~k(s) for the pair of positions starting at `first` (even) of sequence i in
+// layer l: SampleTokens' keys of row (l, b = i).
+struct PackedKeyFn {
+  Philox4x32Key key;
+  int64_t l;
+  int64_t i;
+  uint64_t step;
+
+  __device__ __forceinline__ void operator()(int64_t first, uint64_t* keys) const {
+    const Philox4x32Counter out = Philox4x32_10(SampleCounter(first >> 1, l, i, step), key);
+    keys[0] = ~SampleKeyHalf(out, 0);
+    keys[1] = ~SampleKeyHalf(out, 1);
+  }
+};
+
+struct KeepRule {
+  int64_t num, den, min_tokens;
+};
+
+__global__ void __launch_bounds__(kPackedThreads)
+    PackedCheckKernel(const int32_t* __restrict__ cu, int64_t n, int64_t total_tokens,
+                      KeepRule rule, long long* __restrict__ kept, Workspace ws) {
+  const int64_t step = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i <= n; i += step) {
+    if (i == 0) {
+      kept[0] = 0;
+      if (cu[0] != 0) SetInvalid(ws, 0);
+    }
+    if (i == n) {
+      if (cu[n] > total_tokens) SetInvalid(ws, n);
+      continue;
+    }
+    const int64_t len = int64_t{cu[i + 1]} - cu[i];
+    if (len < 0) SetInvalid(ws, i + 1);
+    kept[i + 1] = len < 0 ? 0 : PackedKeep(len, rule.num, rule.den, rule.min_tokens);
+  }
+}
+
+// In-place inclusive prefix sums of kept[1..n] (kept[0] = 0), then T' =
+// kept[n] against the caller's dims. One block.
+__global__ void __launch_bounds__(kPackedThreads)
+    PackedScanKernel(long long* __restrict__ kept, int64_t n, int64_t ids_dim, int64_t pos_dim,
+                     int64_t out_dim, Workspace ws) {
+  using Scan = cub::BlockScan<long long, kPackedThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  constexpr int64_t kTile = int64_t{kPackedThreads} * kScanItems;
+  long long running = 0;
+  for (int64_t tile = 1; tile <= n; tile += kTile) {
+    const int64_t first = tile + int64_t{threadIdx.x} * kScanItems;
+    long long items[kScanItems];
+    long long sum = 0;
+#pragma unroll
+    for (int j = 0; j < kScanItems; ++j) {
+      items[j] = first + j <= n ? kept[first + j] : 0;
+      sum += items[j];
+    }
+    long long before = 0, total = 0;
+    Scan(scan).ExclusiveSum(sum, before, total);
+    __syncthreads();  // the scan storage is reused by the next tile
+    long long value = running + before;
+#pragma unroll
+    for (int j = 0; j < kScanItems; ++j) {
+      value += items[j];
+      if (first + j <= n) kept[first + j] = value;
+    }
+    running += total;
+  }
+  if (threadIdx.x == 0) {
+    // The caller sized its outputs with T' (a dim < 0 means "absent").
+    const long long t_kept = running;
+    if (t_kept != ids_dim || (pos_dim >= 0 && t_kept != pos_dim) ||
+        (out_dim >= 0 && t_kept != out_dim)) {
+      SetInvalid(ws, n + 1);
+    }
+  }
+}
+
+struct PackedOutputs {
+  TensorView ids;        // int32 [L,T']
+  TensorView positions;  // int32 [L,T'] (data null when absent)
+  TensorView inverse;    // int32 [L,T] (kInverse)
+  int32_t* gather_ids;   // workspace, [T'] (null without out)
+  bool ids_aligned, pos_aligned, inv_aligned;
+};
+
+template <bool kInverse>
+__global__ void __launch_bounds__(kPackedThreads)
+    PackedSampleKernel(const int32_t* __restrict__ cu, const long long* __restrict__ kept,
+                       int64_t n, int64_t layers, uint64_t seed, uint64_t step, PackedOutputs o,
+                       Workspace ws) {
+  __shared__ SelectShared<kPackedThreads> sh;
+  if (IsInvalid(ws)) return;  // uniform: the word was set by an earlier launch
+  const int64_t tasks = layers * n;
+  for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
+    int64_t l;
+    const int64_t i = DivMod(task, n, &l);
+    const int64_t first = cu[i];
+    const int64_t len = int64_t{cu[i + 1]} - first;
+    const int64_t base = kept[i];
+    const int64_t r = kept[i + 1] - base;
+    const PackedKeyFn key_of{SampleKey(seed), l, i, step};
+    const BlockThreshold<uint64_t> t =
+        BlockSelectThreshold<uint64_t, kPackedThreads, kPackedItems>(key_of, len, r, sh);
+    const int64_t id_row = l * o.ids.strides[0];
+    const int64_t pos_row = l * o.positions.strides[0];
+    const int64_t inv_row = kInverse ? l * o.inverse.strides[0] : 0;
+    BlockEmitSelected<uint64_t, kPackedThreads, kPackedItems>(
+        key_of, len, r, t, sh,
+        [&](int64_t position, int64_t slot) {
+          const int64_t k = base + slot;
+          const auto id = static_cast<int32_t>(first + position);
+          StoreI32(o.ids.data, id_row + k * o.ids.strides[1], id, o.ids_aligned);
+          if (o.positions.data != nullptr) {
+            StoreI32(o.positions.data, pos_row + k * o.positions.strides[1],
+                     static_cast<int32_t>(position), o.pos_aligned);
+          }
+          if (o.gather_ids != nullptr) o.gather_ids[k] = id;
+          if (kInverse) {
+            StoreI32(o.inverse.data, inv_row + (first + position) * o.inverse.strides[1],
+                     static_cast<int32_t>(k), o.inv_aligned);
+          }
+        },
+        [&](int64_t position) {
+          if (kInverse) {
+            StoreI32(o.inverse.data, inv_row + (first + position) * o.inverse.strides[1], -1,
+                     o.inv_aligned);
+          }
+        },
+        /*visit_all=*/kInverse);
+    __syncthreads();  // shared memory is reused by the next task
+  }
+}
+
+// cu_seqlens_kept[i] = kept[i] (i <= n), and inverse[l, t] = -1 for t in
+// [cu[n], T): elements e < n + 1 are the former, the next layers * T the
+// latter.
+__global__ void __launch_bounds__(kPackedThreads)
+    PackedTailKernel(const int32_t* __restrict__ cu, const long long* __restrict__ kept, int64_t n,
+                     TensorView cu_kept, bool cu_kept_aligned, TensorView inverse, bool inv_aligned,
+                     int64_t layers, int64_t total_tokens, Workspace ws) {
+  if (IsInvalid(ws)) return;
+  const int64_t end = cu[n];
+  const int64_t inv_elems = inverse.data == nullptr ? 0 : layers * total_tokens;
+  const int64_t count = n + 1 + inv_elems;
+  const int64_t step = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < count; e += step) {
+    if (e <= n) {
+      StoreI32(cu_kept.data, e * cu_kept.strides[0], static_cast<int32_t>(kept[e]),
+               cu_kept_aligned);
+      continue;
+    }
+    int64_t l;
+    const int64_t t = DivMod(e - (n + 1), total_tokens, &l);
+    if (t >= end) {
+      StoreI32(inverse.data, l * inverse.strides[0] + t * inverse.strides[1], -1, inv_aligned);
+    }
+  }
+}
+
+// Row k of out <- row gather_ids[k] of activations.
+struct PackedGatherMap {
+  TensorView activations;
+  TensorView out;
+  const int32_t* gather_ids;
+
+  __device__ __forceinline__ RowPtrs operator()(int64_t k) const {
+    return {out.At(k * out.strides[0]), activations.At(gather_ids[k] * activations.strides[0])};
+  }
+};
+
+int64_t DimOrAbsent(const std::optional<TensorView>& v, int axis) {
+  return v.has_value() ? v->shape[axis] : -1;
+}
+
+}  // namespace
+
+size_t SamplePackedTokensWorkspaceBytes(const SamplePackedTokensArgs& args) {
+  return SamplePackedTokensLayout(args).total;
+}
+
+absl::Status SamplePackedTokensAsync(const SamplePackedTokensArgs& args, Workspace ws,
+                                     Stream stream) {
+  RETURN_IF_ERROR(ValidateSamplePackedTokens(args));
+  const SamplePackedLayout layout = SamplePackedTokensLayout(args);
+  RETURN_IF_ERROR(CheckWorkspace(ws, layout.total, "SamplePackedTokens"));
+  RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
+  const int64_t n = layout.n_plus_1 - 1, L = args.layers, T = args.total_tokens;
+  auto* cu = static_cast<int32_t*>(SectionAt(ws, layout.cu));
+  auto* kept = static_cast<long long*>(SectionAt(ws, layout.kept));
+  RETURN_IF_ERROR(LaunchSnapshot(args.cu_seqlens, cu, stream));
+  const KeepRule rule{args.keep_num, args.keep_den, args.min_tokens};
+  ASSIGN_OR_RETURN(const unsigned check_grid, GridFor(n + 1, kPackedThreads));
+  PackedCheckKernel<<<check_grid, kPackedThreads, 0, stream>>>(cu, n, T, rule, kept, ws);
+  CUDA_RETURN_IF_LAUNCH_ERROR("PackedCheckKernel");
+  PackedScanKernel<<<1, kPackedThreads, 0, stream>>>(
+      kept, n, args.ids.shape[1], DimOrAbsent(args.positions, 1), DimOrAbsent(args.out, 0), ws);
+  CUDA_RETURN_IF_LAUNCH_ERROR("PackedScanKernel");
+
+  PackedOutputs o{args.ids, TensorView{}, TensorView{}, nullptr, ElementsAligned(args.ids),
+                  true,     true};
+  if (args.positions) {
+    o.positions = *args.positions;
+    o.pos_aligned = ElementsAligned(*args.positions);
+  }
+  if (args.inverse) {
+    o.inverse = *args.inverse;
+    o.inv_aligned = ElementsAligned(*args.inverse);
+  }
+  if (args.out) o.gather_ids = static_cast<int32_t*>(SectionAt(ws, layout.gather_ids));
+  const int64_t tasks = L * n;
+  if (tasks > 0) {
+    const auto blocks = static_cast<unsigned>(tasks < kMaxBlocks ? tasks : kMaxBlocks);
+    if (args.inverse) {
+      PackedSampleKernel<true>
+          <<<blocks, kPackedThreads, 0, stream>>>(cu, kept, n, L, args.seed, args.step, o, ws);
+    } else {
+      PackedSampleKernel<false>
+          <<<blocks, kPackedThreads, 0, stream>>>(cu, kept, n, L, args.seed, args.step, o, ws);
+    }
+    CUDA_RETURN_IF_LAUNCH_ERROR("PackedSampleKernel");
+  }
+  const TensorView inverse = args.inverse ? *args.inverse : TensorView{};
+  const int64_t tail = n + 1 + (args.inverse ? L * T : 0);
+  ASSIGN_OR_RETURN(const unsigned tail_grid, GridFor(tail, kPackedThreads));
+  PackedTailKernel<<<tail_grid, kPackedThreads, 0, stream>>>(cu, kept, n, args.cu_seqlens_kept,
+                                                             ElementsAligned(args.cu_seqlens_kept),
+                                                             inverse, o.inv_aligned, L, T, ws);
+  CUDA_RETURN_IF_LAUNCH_ERROR("PackedTailKernel");
+  if (!args.out) return absl::OkStatus();
+  const TensorView& act = *args.activations;
+  const TensorView& out = *args.out;
+  const RowCopyPlan plan =
+      PlanRowCopy(out.shape[0], out.shape[1], out.elem_size(), out.data, act.data,
+                  {{out.strides[0], out.shape[0]}}, {{act.strides[0], act.shape[0]}},
+                  out.strides[1], act.strides[1]);
+  return LaunchRowCopy(plan, PackedGatherMap{act, out, o.gather_ids}, ws, stream);
+}
+
+absl::Status SamplePackedTokensFinish(const SamplePackedTokensArgs& args, Workspace ws,
+                                      Stream stream) {
+  ASSIGN_OR_RETURN(const HostStatus status, ReadStatus(ws, stream));
+  if (!status.invalid) return absl::OkStatus();
+  // The message from the snapshot the device checked (N+1 int32: no copy of
+  // any large tensor on the error path).
+  const SamplePackedLayout layout = SamplePackedTokensLayout(args);
+  std::vector<int32_t> cu(static_cast<size_t>(layout.n_plus_1));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(cu.data(), SectionAt(ws, layout.cu), cu.size() * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost));
+  const int64_t n_plus_1 = layout.n_plus_1;
+  RETURN_IF_ERROR(CheckPackedCuSeqlens(cu.data(), n_plus_1, args.total_tokens));
+  RETURN_IF_ERROR(CheckPackedKeptDims(args, PackedKeptTokens(cu.data(), n_plus_1, args)));
+  return absl::InternalError(
+      "SamplePackedTokens: device flagged invalid data but the host check accepts it");
+}
+
+}  // namespace tokensel::kernels::cuda
