@@ -243,6 +243,10 @@ struct SamplePackedTokensArgs {
 };
 // Metadata only (the dims that depend on T' are checked with the data).
 absl::Status ValidateSamplePackedTokens(const SamplePackedTokensArgs& args);
+// Its checks of the scalars alone (T, L, step, the keep rule; the first
+// checks ValidateSamplePackedTokens makes), for callers that size outputs
+// from cu_seqlens before any view exists.
+absl::Status ValidateSamplePackedScalars(const SamplePackedTokensArgs& args);
 // The data check of cu_seqlens (a private copy, `n_plus_1` values) against T:
 // the first bad i with its values.
 absl::Status CheckPackedCuSeqlens(const int32_t* cu, int64_t n_plus_1, int64_t total_tokens);

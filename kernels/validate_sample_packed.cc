@@ -84,6 +84,8 @@ absl::Status CheckOverlaps(const SamplePackedTokensArgs& a) {
 
 }  // namespace
 
+absl::Status ValidateSamplePackedScalars(const SamplePackedTokensArgs& a) { return CheckCounts(a); }
+
 absl::Status ValidateSamplePackedTokens(const SamplePackedTokensArgs& a) {
   RETURN_IF_ERROR(CheckCounts(a));
   RETURN_IF_ERROR(CheckInt32(a.cu_seqlens, "cu_seqlens", 1));
@@ -98,6 +100,11 @@ absl::Status ValidateSamplePackedTokens(const SamplePackedTokensArgs& a) {
                      ", more than 2^32 sequences (the sequence index is a Philox counter word)"));
   }
   const int64_t L = a.layers, T = a.total_tokens;
+  // Tasks (layer, sequence) are counted in int64.
+  if (n_plus_1 > 1 && L > std::numeric_limits<int64_t>::max() / (n_plus_1 - 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers: ", L, " x ", n_plus_1 - 1, " sequences exceeds 2^63 tasks"));
+  }
   RETURN_IF_ERROR(CheckInt32(a.cu_seqlens_kept, "cu_seqlens_kept", 1));
   RETURN_IF_ERROR(
       CheckDim(a.cu_seqlens_kept, "cu_seqlens_kept", 0, "N+1", n_plus_1, "cu_seqlens N+1"));

@@ -56,6 +56,7 @@ extern const Command kSortCommand;
 extern const Command kGatherCommand;
 extern const Command kScatterCommand;
 extern const Command kMergeCommand;
+extern const Command kPackedCommand;
 extern const Command kSplitCommand;
 extern const Command kSeqlensCommand;
 extern const Command kTopKCommand;

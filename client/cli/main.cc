@@ -139,7 +139,7 @@ const std::vector<Command>& Commands() {
   static const auto* commands = new std::vector<Command>{
       kInfoCommand,    kHealthCommand, kBuffersCommand, kSortCommand,    kGatherCommand,
       kScatterCommand, kMergeCommand,  kSplitCommand,   kSeqlensCommand, kTopKCommand,
-      kSampleCommand,  kBenchCommand,  kDemoCommand};
+      kSampleCommand,  kPackedCommand, kBenchCommand,   kDemoCommand};
   return *commands;
 }
 

@@ -27,7 +27,8 @@
 //      copies activations row gather_ids[k] to out row k; gated.
 // Work balance: a block handles one sequence, so a pack of millions of short
 // sequences fills the device, but one very long sequence runs on one block
-// (its radix select recomputes its keys on each pass); docs/gpu.md.
+// (its radix select recomputes its keys on each pass), and the scan of step 3
+// is one block (N / 1024 dependent tiles); docs/gpu.md.
 // Every address the write kernels form comes from the workspace: the
 // snapshot (validated) and kept (computed from it); slots stay below r_i
 // (EmitSlot's bound), so a sequence writes only its own slice.
@@ -194,15 +195,17 @@ __global__ void __launch_bounds__(kPackedThreads)
 }
 
 // cu_seqlens_kept[i] = kept[i] (i <= n), and inverse[l, t] = -1 for t in
-// [cu[n], T): elements e < n + 1 are the former, the next layers * T the
-// latter.
+// [cu[n], T): elements e < n + 1 are the former, the next layers * (T -
+// cu[n]) the latter (none when the pack has no padding). The grid is sized
+// on the host for the most elements (cu[n] = 0).
 __global__ void __launch_bounds__(kPackedThreads)
     PackedTailKernel(const int32_t* __restrict__ cu, const long long* __restrict__ kept, int64_t n,
                      TensorView cu_kept, bool cu_kept_aligned, TensorView inverse, bool inv_aligned,
                      int64_t layers, int64_t total_tokens, Workspace ws) {
   if (IsInvalid(ws)) return;
-  const int64_t end = cu[n];
-  const int64_t inv_elems = inverse.data == nullptr ? 0 : layers * total_tokens;
+  const int64_t end = cu[n];  // valid: 0 <= end <= T
+  const int64_t pad = total_tokens - end;
+  const int64_t inv_elems = inverse.data == nullptr ? 0 : layers * pad;
   const int64_t count = n + 1 + inv_elems;
   const int64_t step = int64_t{gridDim.x} * blockDim.x;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < count; e += step) {
@@ -212,10 +215,8 @@ __global__ void __launch_bounds__(kPackedThreads)
       continue;
     }
     int64_t l;
-    const int64_t t = DivMod(e - (n + 1), total_tokens, &l);
-    if (t >= end) {
-      StoreI32(inverse.data, l * inverse.strides[0] + t * inverse.strides[1], -1, inv_aligned);
-    }
+    const int64_t t = end + DivMod(e - (n + 1), pad, &l);
+    StoreI32(inverse.data, l * inverse.strides[0] + t * inverse.strides[1], -1, inv_aligned);
   }
 }
 
@@ -312,7 +313,7 @@ absl::Status SamplePackedTokensFinish(const SamplePackedTokensArgs& args, Worksp
   RETURN_IF_ERROR(CheckPackedCuSeqlens(cu.data(), n_plus_1, args.total_tokens));
   RETURN_IF_ERROR(CheckPackedKeptDims(args, PackedKeptTokens(cu.data(), n_plus_1, args)));
   return absl::InternalError(
-      "SamplePackedTokens: device flagged invalid data but the host check accepts it");
+      "SamplePackedTokens: device flagged invalid data but the CPU oracle accepts it");
 }
 
 }  // namespace tokensel::kernels::cuda

@@ -16,6 +16,7 @@
 #include "server/core/ops/gather_bert_mask.h"
 #include "server/core/ops/gather_tokens.h"
 #include "server/core/ops/merge_split_tokens.h"
+#include "server/core/ops/sample_packed_tokens.h"
 #include "server/core/ops/sample_tokens.h"
 #include "server/core/ops/scatter_tokens.h"
 #include "server/core/ops/segment_seqlens.h"
@@ -27,10 +28,10 @@
 namespace tokensel::core {
 
 // Every operator, in API order (the `op` metric label is pre-created for each).
-using OpRequest =
-    std::variant<SortTokensRequest, GatherTokensRequest, ScatterTokensRequest,
-                 GatherBertMaskRequest, SliceGptMaskRequest, SegmentSeqlensRequest,
-                 SampleTokensRequest, TopKTokensRequest, MergeTokensRequest, SplitTokensRequest>;
+using OpRequest = std::variant<SortTokensRequest, GatherTokensRequest, ScatterTokensRequest,
+                               GatherBertMaskRequest, SliceGptMaskRequest, SegmentSeqlensRequest,
+                               SampleTokensRequest, TopKTokensRequest, MergeTokensRequest,
+                               SplitTokensRequest, SamplePackedTokensRequest>;
 
 // The operator's API name ("SortTokens", ...), also the `op` metric label.
 absl::string_view OpName(const OpRequest& op);

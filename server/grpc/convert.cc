@@ -199,6 +199,27 @@ absl::StatusOr<core::SplitTokensRequest> OpFromProto(const v1::SplitTokensReques
   return op;
 }
 
+absl::StatusOr<core::SamplePackedTokensRequest> OpFromProto(
+    const v1::SamplePackedTokensRequest& req, absl::string_view prefix) {
+  core::SamplePackedTokensRequest op;
+  TS_REQUIRED(op.cu_seqlens, req, cu_seqlens);
+  if (req.has_total_tokens()) op.total_tokens = req.total_tokens();
+  if (req.has_kept_tokens()) op.kept_tokens = req.kept_tokens();
+  op.keep_num = req.keep_num();
+  op.keep_den = req.keep_den();
+  op.min_tokens = req.min_tokens();
+  op.layers = req.layers();
+  op.seed = req.seed();
+  op.step = req.step();
+  TS_OPTIONAL(op.activations, req, activations);
+  TS_OPTIONAL(op.cu_seqlens_kept, req, cu_seqlens_kept);
+  TS_OPTIONAL(op.ids, req, ids);
+  TS_OPTIONAL(op.positions, req, positions);
+  TS_OPTIONAL(op.inverse, req, inverse);
+  TS_OPTIONAL(op.out, req, out);
+  return op;
+}
+
 #undef TS_REQUIRED
 #undef TS_OPTIONAL
 
@@ -224,6 +245,8 @@ absl::StatusOr<core::OpRequest> OpFromProto(const v1::Op& op, absl::string_view 
       return OpFromProto(op.merge_tokens(), absl::StrCat(prefix, "merge_tokens."));
     case v1::Op::kSplitTokens:
       return OpFromProto(op.split_tokens(), absl::StrCat(prefix, "split_tokens."));
+    case v1::Op::kSamplePackedTokens:
+      return OpFromProto(op.sample_packed_tokens(), absl::StrCat(prefix, "sample_packed_tokens."));
     case v1::Op::OP_NOT_SET:
       break;
   }

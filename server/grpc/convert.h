@@ -55,6 +55,8 @@ absl::StatusOr<core::MergeTokensRequest> OpFromProto(const v1::MergeTokensReques
                                                      absl::string_view prefix = "");
 absl::StatusOr<core::SplitTokensRequest> OpFromProto(const v1::SplitTokensRequest& req,
                                                      absl::string_view prefix = "");
+absl::StatusOr<core::SamplePackedTokensRequest> OpFromProto(
+    const v1::SamplePackedTokensRequest& req, absl::string_view prefix = "");
 
 // The oneof `op`; INVALID_ARGUMENT "<prefix>op: no operator set" when unset.
 // Field names inside are prefixed with "<prefix><oneof field>." (e.g.

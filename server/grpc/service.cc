@@ -234,6 +234,12 @@ grpc::ServerUnaryReactor* TokenSelectService::SplitTokens(grpc::CallbackServerCo
   return OpCall(ctx, "SplitTokens", request, response);
 }
 
+grpc::ServerUnaryReactor* TokenSelectService::SamplePackedTokens(
+    grpc::CallbackServerContext* ctx, const v1::SamplePackedTokensRequest* request,
+    v1::OpResponse* response) {
+  return OpCall(ctx, "SamplePackedTokens", request, response);
+}
+
 grpc::ServerUnaryReactor* TokenSelectService::Execute(grpc::CallbackServerContext* ctx,
                                                       const v1::ExecuteRequest* request,
                                                       v1::ExecuteResponse* response) {

@@ -78,6 +78,9 @@ class TokenSelectService final : public v1::TokenSelect::CallbackService {
   grpc::ServerUnaryReactor* SplitTokens(grpc::CallbackServerContext* ctx,
                                         const v1::SplitTokensRequest* request,
                                         v1::OpResponse* response) override;
+  grpc::ServerUnaryReactor* SamplePackedTokens(grpc::CallbackServerContext* ctx,
+                                               const v1::SamplePackedTokensRequest* request,
+                                               v1::OpResponse* response) override;
 
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx,
                                     const v1::ExecuteRequest* request,

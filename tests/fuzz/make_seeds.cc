@@ -177,6 +177,31 @@ std::vector<v1::Op> OpSeeds() {
     *r->mutable_layer_grad() = Ref(v1::DTYPE_FLOAT32, {1, 2, 1}, "big", 1024);
     ops.push_back(op);
   }
+  {  // SamplePackedTokens: the spec vector inline (T' derived), then cu_seqlens by
+     // reference with kept_tokens, the fused gather and every optional output.
+    v1::Op op;
+    auto* r = op.mutable_sample_packed_tokens();
+    *r->mutable_cu_seqlens() =
+        Inline(v1::DTYPE_INT32, {4}, Bytes(std::vector<int32_t>{0, 3, 3, 8}));
+    r->set_total_tokens(8);
+    r->set_keep_num(1);
+    r->set_keep_den(2);
+    r->set_min_tokens(1);
+    r->set_layers(2);
+    r->set_seed(42);
+    r->set_step(7);
+    *r->mutable_positions() = InlineOut();
+    *r->mutable_inverse() = InlineOut();
+    ops.push_back(op);
+    *r->mutable_cu_seqlens() = Ref(v1::DTYPE_INT32, {4}, "small", 0);
+    r->clear_total_tokens();
+    r->set_kept_tokens(5);
+    r->set_layers(1);
+    *r->mutable_activations() = Ref(v1::DTYPE_BFLOAT16, {8, 16}, "big", 0);
+    *r->mutable_out() = InlineOut();
+    *r->mutable_ids() = Ref(v1::DTYPE_INT32, {1, 5}, "big", 4096);
+    ops.push_back(op);
+  }
   return ops;
 }
 

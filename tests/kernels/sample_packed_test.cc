@@ -247,6 +247,18 @@ TEST(SamplePackedTokensTest, MetadataErrorsNameTheTensor) {
     EXPECT_TRUE(c.Untouched());
   }
   {
+    // 2^32 - 1 layers of 2^32 sequences (a broadcast cu_seqlens of zeros):
+    // more tasks than int64 counts.
+    PackedCase c(cu, 6, rule, 1, 3, {}, rng);
+    const int64_t n_plus_1 = (int64_t{1} << 32) + 1;
+    c.args.cu_seqlens = TensorView::Strided(c.cu.view().data, DType::kInt32, {n_plus_1}, {0});
+    c.args.cu_seqlens_kept =
+        TensorView::Strided(c.cu_kept.view().data, DType::kInt32, {n_plus_1}, {0});
+    c.args.layers = (int64_t{1} << 32) - 1;
+    EXPECT_THAT(cpu::SamplePackedTokens(c.args, nullptr),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("2^63 tasks")));
+  }
+  {
     PackedCase c(cu, 6, rule, 1, 3, {}, rng);
     c.args.step = uint64_t{1} << 32;
     EXPECT_THAT(cpu::SamplePackedTokens(c.args, nullptr),

@@ -51,6 +51,8 @@ absl::string_view MethodOf(const v1::Op& op) {
       return "MergeTokens";
     case v1::Op::kSplitTokens:
       return "SplitTokens";
+    case v1::Op::kSamplePackedTokens:
+      return "SamplePackedTokens";
     case v1::Op::OP_NOT_SET:
       break;
   }
@@ -80,6 +82,8 @@ absl::Status CallOp(const itest::Client& c, const v1::Op& op, v1::OpResponse* re
       return c.Call(&Stub::MergeTokens, op.merge_tokens(), resp);
     case v1::Op::kSplitTokens:
       return c.Call(&Stub::SplitTokens, op.split_tokens(), resp);
+    case v1::Op::kSamplePackedTokens:
+      return c.Call(&Stub::SamplePackedTokens, op.sample_packed_tokens(), resp);
     case v1::Op::OP_NOT_SET:
       break;
   }

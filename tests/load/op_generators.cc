@@ -230,6 +230,74 @@ class Gen {
     return op;
   }
 
+  // SamplePackedTokens: a random pack (empty and one-token sequences, padding
+  // past cu[N]), a random keep rule, optional positions / inverse, and for
+  // one layer sometimes the fused gather. T' is sent as kept_tokens when
+  // cu_seqlens is by reference (and half the time otherwise).
+  v1::Op Packed() {
+    const int64_t n = U(rng_, 0, 20);
+    std::vector<int32_t> cu = {0};
+    for (int64_t i = 0; i < n; ++i) cu.push_back(cu.back() + static_cast<int32_t>(U(rng_, 0, 40)));
+    const int64_t t = cu.back() + U(rng_, 0, 3);
+    const int64_t l = U(rng_, 1, 3);
+    kernels::SamplePackedTokensArgs args;
+    args.keep_den = U(rng_, 1, 9);
+    args.keep_num = U(rng_, 0, args.keep_den);
+    args.min_tokens = U(rng_, 0, 2);
+    args.layers = l;
+    args.total_tokens = t;
+    args.seed = rng_();
+    args.step = rng_() & 0xffffffffu;
+    const int64_t kept = kernels::PackedKeptTokens(cu.data(), n + 1, args);
+    v1::Op op;
+    auto* req = op.mutable_sample_packed_tokens();
+    req->set_keep_num(args.keep_num);
+    req->set_keep_den(args.keep_den);
+    req->set_min_tokens(args.min_tokens);
+    req->set_layers(l);
+    req->set_seed(args.seed);
+    req->set_step(args.step);
+    const Slot cu_slot = b_.Place(Where(), DType::kInt32, {n + 1});
+    args.cu_seqlens = b_.View(cu_slot);
+    for (int64_t i = 0; i <= n; ++i) kernels::StoreIndex(args.cu_seqlens, i, cu[i]);
+    b_.Commit(cu_slot);  // the mirror's values to the region
+    *req->mutable_cu_seqlens() = b_.Input(cu_slot);
+    if (cu_slot.home == Home::kShm || Coin(rng_)) req->set_kept_tokens(kept);
+    const DType dtype = DataDType(rng_);
+    const int64_t c = ChannelDim(dtype, std::max<int64_t>(t, 1));
+    const bool gather = l == 1 && Coin(rng_);
+    if (gather) {
+      const Slot act = b_.Place(Where(), dtype, {t, c});
+      b_.FillBytes(act);
+      *req->mutable_activations() = b_.Input(act);
+      args.activations = b_.View(act);
+    }
+    if (!gather || Coin(rng_)) req->set_total_tokens(t);
+    const Slot cu_kept = b_.Place(Where(), DType::kInt32, {n + 1});
+    DefaultInline(cu_kept, "cu_seqlens_kept", [&] { return req->mutable_cu_seqlens_kept(); });
+    args.cu_seqlens_kept = b_.View(cu_kept);
+    const Slot ids = b_.Place(Where(), DType::kInt32, {l, kept});
+    DefaultInline(ids, "ids", [&] { return req->mutable_ids(); });
+    args.ids = b_.View(ids);
+    if (Coin(rng_)) {
+      const Slot pos = b_.Place(Where(), DType::kInt32, {l, kept});
+      *req->mutable_positions() = b_.Output(pos, "positions");
+      args.positions = b_.View(pos);
+    }
+    if (Coin(rng_)) {
+      const Slot inv = b_.Place(Where(), DType::kInt32, {l, t});
+      *req->mutable_inverse() = b_.Output(inv, "inverse");
+      args.inverse = b_.View(inv);
+    }
+    if (gather) {
+      const Slot out = b_.Place(Where(), dtype, {kept, c});
+      *req->mutable_out() = b_.Output(out, "out");
+      args.out = b_.View(out);
+    }
+    MustOk(cpu::SamplePackedTokens(args, nullptr), "SamplePackedTokens");
+    return op;
+  }
+
   v1::Op BertMask() {
     const DType dtype = DataDType(rng_);
     int64_t b, h, s, sq, l, r;
@@ -454,6 +522,8 @@ absl::string_view OpKindName(OpKind kind) {
       return "MergeTokens";
     case OpKind::kSplitTokens:
       return "SplitTokens";
+    case OpKind::kSamplePackedTokens:
+      return "SamplePackedTokens";
   }
   return "?";
 }
@@ -502,6 +572,9 @@ v1::Op BuildOp(OpKind kind, CaseBuilder& b, bool shm_only) {
       break;
     case OpKind::kSplitTokens:
       op = gen.Split();
+      break;
+    case OpKind::kSamplePackedTokens:
+      op = gen.Packed();
       break;
   }
   if (b.used(Home::kShm) - shm_before > kMaxOpFootprint ||

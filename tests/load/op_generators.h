@@ -39,8 +39,9 @@ enum class OpKind {
   kSampleTokens,
   kMergeTokens,
   kSplitTokens,
+  kSamplePackedTokens,
 };
-inline constexpr int kNumOpKinds = 11;
+inline constexpr int kNumOpKinds = 12;
 
 inline constexpr int64_t kMaxTensorBytes = 32 << 10;
 // A tensor's placement takes at most 2 * packed + 72 bytes (see

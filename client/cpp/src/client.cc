@@ -260,6 +260,11 @@ absl::StatusOr<v1::OpResponse> Client::SplitTokens(const v1::SplitTokensRequest&
   return Unary(&v1::TokenSelect::Stub::SplitTokens, request);
 }
 
+absl::StatusOr<v1::OpResponse> Client::SamplePackedTokens(
+    const v1::SamplePackedTokensRequest& request) const {
+  return Unary(&v1::TokenSelect::Stub::SamplePackedTokens, request);
+}
+
 absl::StatusOr<v1::OpResponse> Client::RunOp(const v1::Op& op) const {
   switch (op.op_case()) {
     case v1::Op::kSortTokens:
@@ -282,6 +287,8 @@ absl::StatusOr<v1::OpResponse> Client::RunOp(const v1::Op& op) const {
       return MergeTokens(op.merge_tokens());
     case v1::Op::kSplitTokens:
       return SplitTokens(op.split_tokens());
+    case v1::Op::kSamplePackedTokens:
+      return SamplePackedTokens(op.sample_packed_tokens());
     case v1::Op::OP_NOT_SET:
       break;
   }

@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/client/cli/cli_fixture.h"
 #include "tests/kernels/merge_split_reference.h"
+#include "tests/kernels/sample_packed_reference.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::cli::testing {
@@ -163,6 +164,49 @@ TEST_F(CliOpsTest, MergeThenSplitSeqFirst) {
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   ExpectSame("lg.npy", layer_grad);
   ExpectSame("rg.npy", rest_grad);
+}
+
+// packed: every output and the fused gather against the naive reference
+// (tests/kernels/sample_packed_reference.h); a bad keep rule fails with the
+// server's message.
+TEST_F(CliOpsTest, PackedEveryOutputAndTheGather) {
+  const std::vector<int64_t> cu = {0, 3, 3, 8, 20};
+  const ::tokensel::testing::PackedRule rule{1, 2, 1};
+  NpyArray cu_npy = Array(DType::kInt32, {5});
+  for (int i = 0; i < 5; ++i) Data<int32_t>(cu_npy)[i] = static_cast<int32_t>(cu[i]);
+  NpyArray acts = Array(DType::kFloat16, {22, 3});
+  FillRandom(acts);
+  CliResult r =
+      Run("packed",
+          {"--cu_seqlens=" + Save("cu.npy", cu_npy), "--activations=" + Save("acts.npy", acts),
+           "--keep=1/2", "--min_tokens=1", "--seed=9", "--step=4", "--total_tokens=22",
+           "--out=" + dir_.Path("ids.npy"), "--cu_seqlens_kept_out=" + dir_.Path("ck.npy"),
+           "--positions_out=" + dir_.Path("pos.npy"), "--inverse=" + dir_.Path("inv.npy"),
+           "--gathered_out=" + dir_.Path("g.npy")});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  const ::tokensel::testing::PackedExpected e =
+      ::tokensel::testing::ReferenceSamplePacked(cu, 22, rule, 1, 9, 4);
+  const int64_t kept = e.cu_kept.back();
+  auto int32_npy = [&](std::vector<int64_t> shape, const std::vector<int64_t>& values) {
+    NpyArray a = Array(DType::kInt32, std::move(shape));
+    for (size_t i = 0; i < values.size(); ++i)
+      Data<int32_t>(a)[i] = static_cast<int32_t>(values[i]);
+    return a;
+  };
+  ExpectSame("ids.npy", int32_npy({1, kept}, e.ids[0]));
+  ExpectSame("ck.npy", int32_npy({5}, e.cu_kept));
+  ExpectSame("pos.npy", int32_npy({1, kept}, e.positions[0]));
+  ExpectSame("inv.npy", int32_npy({1, 22}, e.inverse[0]));
+  NpyArray gathered = Array(DType::kFloat16, {kept, 3});
+  for (int64_t k = 0; k < kept; ++k) {
+    std::memcpy(gathered.data.data() + k * 6, acts.data.data() + e.ids[0][k] * 6, 6);
+  }
+  ExpectSame("g.npy", gathered);
+
+  r = Run("packed",
+          {"--cu_seqlens=" + dir_.Path("cu.npy"), "--keep=3/2", "--out=" + dir_.Path("bad.npy")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("keep_num: 3 is out of range"));
 }
 
 TEST_F(CliOpsTest, SeqlensPacked) {

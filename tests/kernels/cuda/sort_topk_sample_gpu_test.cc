@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -441,6 +443,37 @@ void RunPacked(const PackedGpuCase& c, std::mt19937_64& rng) {
       SamplePackedTokensWorkspaceBytes, SamplePackedTokensAsync, SamplePackedTokensFinish);
 }
 
+// ids sized right (T' = 3) but positions with dim 1 = 4: the device's dims
+// check must flag it like the CPU, writing nothing.
+void RunPackedPositionsMismatch(std::mt19937_64& rng) {
+  std::vector<Twin*> twins;
+  const std::vector<int32_t> cu_values = {0, 4, 6};
+  auto cu = MakeTwin(DType::kInt32, {3}, {}, 1, [&](TestTensor& t, Twin&) {
+    for (int64_t i = 0; i < 3; ++i) t.SetIndex(i, cu_values[i]);
+  });
+  auto cu_kept = MakeTwin(DType::kInt32, {3}, {}, 1, Sentinel);
+  auto ids = MakeTwin(DType::kInt32, {1, 3}, {}, 1, Sentinel);
+  auto pos = MakeTwin(DType::kInt32, {1, 4}, {}, 1, Sentinel);
+  twins = {cu.get(), cu_kept.get(), ids.get(), pos.get()};
+  const uint64_t seed = rng();
+  Compare<SamplePackedTokensArgs>(
+      [&](const std::vector<TensorView>& v) {
+        SamplePackedTokensArgs a;
+        a.cu_seqlens = v[0];
+        a.cu_seqlens_kept = v[1];
+        a.ids = v[2];
+        a.positions = v[3];
+        a.total_tokens = 6;
+        a.keep_num = 1;
+        a.keep_den = 2;
+        a.layers = 1;
+        a.seed = seed;
+        return a;
+      },
+      twins, [](const SamplePackedTokensArgs& a) { return cpu::SamplePackedTokens(a, nullptr); },
+      SamplePackedTokensWorkspaceBytes, SamplePackedTokensAsync, SamplePackedTokensFinish);
+}
+
 int64_t PackedKept(const std::vector<int32_t>& cu, int64_t num, int64_t den, int64_t min_tokens) {
   SamplePackedTokensArgs a;
   a.keep_num = num;
@@ -466,6 +499,16 @@ TEST_F(SortTopKSampleGpuTest, SamplePackedMatchesCpuBitForBit) {
       RunPacked({cu, T, num, den, min_tokens, 1, kept, true, true, 64}, rng_);
     }
   }
+  // The 128-bit keep rule on the device: keep_den near 2^63.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const auto& [num, den] : std::vector<std::pair<int64_t, int64_t>>{
+           {kMax - 1, kMax}, {kMax / 3, kMax}, {1, kMax}, {(int64_t{1} << 62) + 1, kMax}}) {
+    RunPacked({mixed, mixed.back(), num, den, 0, 1, PackedKept(mixed, num, den, 0), true, true, 0},
+              rng_);
+  }
+  // Empty pack (T = 0), no layers (L = 0).
+  RunPacked({{0}, 0, 1, 2, 0, 2, 0, true, true, 0}, rng_);
+  RunPacked({mixed, mixed.back(), 1, 2, 0, 0, PackedKept(mixed, 1, 2, 0), true, true, 0}, rng_);
   // One sequence past the CPU's chunked-select threshold.
   const std::vector<int32_t> long_cu = {0, (1 << 20) + 5, (1 << 20) + 9};
   RunPacked({long_cu, long_cu.back(), 1, 3, 0, 1, PackedKept(long_cu, 1, 3, 0), true, true, 0},
@@ -480,6 +523,7 @@ TEST_F(SortTopKSampleGpuTest, SamplePackedBadDataWritesNothing) {
   RunPacked({{0, 5}, 4, 1, 2, 0, 1, 3, true, true, 4}, rng_);       // past T
   RunPacked({{0, 4, 6}, 6, 1, 2, 0, 2, 4, true, true, 0}, rng_);    // T' = 3, not 4
   RunPacked({{0, 4, 6}, 6, 1, 2, 0, 1, 2, false, false, 4}, rng_);  // T' = 3, not 2
+  RunPackedPositionsMismatch(rng_);                                 // ids right, positions not
 }
 
 }  // namespace

@@ -197,6 +197,37 @@ TEST(ConvertDefaultsTest, SampleTokensScalarsZeroAndEveryTensorAbsent) {
   }
 }
 
+// total_tokens and kept_tokens absent stay absent (not 0: T and T' are
+// then derived, docs/ops.md section 11); every output absent.
+TEST(ConvertDefaultsTest, SamplePackedTokensOptionalCountsAbsentAndEveryOutputAbsent) {
+  v1::SamplePackedTokensRequest req;
+  *req.mutable_cu_seqlens() = v1::Tensor();
+  req.mutable_cu_seqlens()->set_inline_data(std::string(8, '\0'));
+  for (const core::SamplePackedTokensRequest& op :
+       {*OpFromProto(req),
+        ThroughOp<core::SamplePackedTokensRequest>(req, &v1::Op::mutable_sample_packed_tokens)}) {
+    EXPECT_FALSE(op.total_tokens.has_value());
+    EXPECT_FALSE(op.kept_tokens.has_value());
+    EXPECT_EQ(op.keep_num, 0);
+    EXPECT_EQ(op.keep_den, 0);  // absent: the kernel's "keep_den: 0" error
+    EXPECT_EQ(op.min_tokens, 0);
+    EXPECT_EQ(op.layers, 0);
+    EXPECT_EQ(op.seed, 0u);
+    EXPECT_EQ(op.step, 0u);
+    EXPECT_FALSE(op.activations.has_value());
+    EXPECT_FALSE(op.cu_seqlens_kept.has_value());  // absent = inline
+    EXPECT_FALSE(op.ids.has_value());              // absent = inline
+    EXPECT_FALSE(op.positions.has_value());
+    EXPECT_FALSE(op.inverse.has_value());
+    EXPECT_FALSE(op.out.has_value());
+  }
+  req.set_total_tokens(0);  // present 0 is not absent
+  req.set_kept_tokens(0);
+  const core::SamplePackedTokensRequest op = *OpFromProto(req);
+  EXPECT_EQ(op.total_tokens, 0);
+  EXPECT_EQ(op.kept_tokens, 0);
+}
+
 TEST(ConvertDefaultsTest, TopKTokensIdsAbsent) {
   v1::TopKTokensRequest req;
   *req.mutable_scores() = MinimalInput();

@@ -333,6 +333,42 @@ TEST(OpTest, SplitTokensEveryFieldAndTheDefaults) {
   EXPECT_FALSE(op->batch_first);
 }
 
+TEST(OpTest, SamplePackedTokensEveryField) {
+  v1::SamplePackedTokensRequest req;
+  *req.mutable_cu_seqlens() = BufferTensor(1);
+  req.set_total_tokens(40);
+  req.set_kept_tokens(17);
+  req.set_keep_num(3);
+  req.set_keep_den(7);
+  req.set_min_tokens(2);
+  req.set_layers(4);
+  req.set_seed(0xFFFFFFFFFFull);
+  req.set_step(9);
+  *req.mutable_activations() = BufferTensor(2);
+  *req.mutable_cu_seqlens_kept() = BufferTensor(3);
+  *req.mutable_ids() = BufferTensor(4);
+  *req.mutable_positions() = BufferTensor(5);
+  *req.mutable_inverse() = BufferTensor(6);
+  *req.mutable_out() = BufferTensor(7);
+  absl::StatusOr<core::SamplePackedTokensRequest> op = OpFromProto(req);
+  ASSERT_OK(op);
+  ExpectBufferTensor(op->cu_seqlens, 1);
+  EXPECT_EQ(op->total_tokens, 40);
+  EXPECT_EQ(op->kept_tokens, 17);
+  EXPECT_EQ(op->keep_num, 3);
+  EXPECT_EQ(op->keep_den, 7);
+  EXPECT_EQ(op->min_tokens, 2);
+  EXPECT_EQ(op->layers, 4);
+  EXPECT_EQ(op->seed, 0xFFFFFFFFFFull);
+  EXPECT_EQ(op->step, 9u);
+  ExpectBufferTensor(op->activations, 2);
+  ExpectBufferTensor(op->cu_seqlens_kept, 3);
+  ExpectBufferTensor(op->ids, 4);
+  ExpectBufferTensor(op->positions, 5);
+  ExpectBufferTensor(op->inverse, 6);
+  ExpectBufferTensor(op->out, 7);
+}
+
 TEST(OpTest, OneofPicksTheOperatorAndUnsetIsAnError) {
   v1::Op op;
   op.mutable_top_k_tokens()->set_retained_tokens(3);
@@ -355,6 +391,7 @@ TEST(OpTest, OneofPicksTheOperatorAndUnsetIsAnError) {
       {[](v1::Op* o) { o->mutable_top_k_tokens(); }, 7},
       {[](v1::Op* o) { o->mutable_merge_tokens(); }, 8},
       {[](v1::Op* o) { o->mutable_split_tokens(); }, 9},
+      {[](v1::Op* o) { o->mutable_sample_packed_tokens(); }, 10},
   };
   for (const auto& c : cases) {
     v1::Op o;

@@ -16,7 +16,8 @@ from tokensel.errors import (AlreadyExistsError, CudaUnavailableError, DeadlineE
                              NotFoundError, OutOfRangeError, PermissionDeniedError,
                              ResourceExhaustedError, TlsHandshakeError, TokenselError,
                              UnauthenticatedError, UnavailableError)
-from tokensel.ops import PreparedOp, SampleResult, SortResult, SplitResult
+from tokensel.ops import (PackedSampleResult, PreparedOp, SampleResult, SortResult,
+                          SplitResult, packed_kept_tokens)
 from tokensel.shm import SharedBuffer
 from tokensel.stream import Stream
 from tokensel.tensors import TransferStats
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SESSION_KEY", "Client", "CudaBuffer", "SharedBuffer", "Stream", "PreparedOp", "SampleResult",
-    "SortResult", "SplitResult", "TransferStats", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
+    "SortResult", "SplitResult", "PackedSampleResult", "packed_kept_tokens", "TransferStats", "TokenselError", "InvalidArgumentError", "OutOfRangeError", "NotFoundError",
     "AlreadyExistsError", "PermissionDeniedError", "FailedPreconditionError",
     "CudaUnavailableError", "ResourceExhaustedError", "UnavailableError", "TlsHandshakeError",
     "UnauthenticatedError",

@@ -14,12 +14,16 @@ outputs (`inverse`, `bert_mask`, `gpt_mask`) take False (not computed), True
 """
 import collections
 
+import numpy as np
+
 from tokensel.tensors import Codec, InPlace, decode
 from tokensel.v1 import tokensel_pb2 as pb
 
 SortResult = collections.namedtuple("SortResult", ["ids", "inverse"])
 SampleResult = collections.namedtuple("SampleResult", ["ids", "inverse", "bert_mask", "gpt_mask"])
 SplitResult = collections.namedtuple("SplitResult", ["layer_grad", "rest_grad"])
+PackedSampleResult = collections.namedtuple(
+    "PackedSampleResult", ["cu_seqlens_kept", "ids", "positions", "inverse", "out"])
 
 SEGMENT_OUTPUTS = ("q_seqlen", "q_offset", "kv_seqlen", "kv_offset", "q_packed_seqlens",
                    "q_packed_offsets", "q_cu_seqlens", "kv_packed_seqlens",
@@ -233,7 +237,77 @@ class OpBuilder:
         return self._prepared("split_tokens", "SplitTokens", req, lambda o: SplitResult(
             self._result(o, "layer_grad", layer_sink), self._result(o, "rest_grad", rest_sink)))
 
+    def sample_packed_tokens(self, cu_seqlens, keep_num, keep_den, *, layers=1, seed=0, step=0,
+                             min_tokens=0, total_tokens=None, kept_tokens=None, activations=None,
+                             cu_seqlens_kept=None, ids=None, positions=False, inverse=False,
+                             out=False):
+        """Random-LTD for a packed (THD) batch: per sequence i of `cu_seqlens`
+        (int32 [N+1]) a reproducible uniform r_i-subset of its n_i tokens,
+        r_i = min(n_i, max(min_tokens, ceil(n_i * keep_num / keep_den))).
+        Returns PackedSampleResult(cu_seqlens_kept [N+1], ids [L,T'] (positions
+        in the pack, ascending per sequence), positions [L,T'] (ids - cu[i],
+        for RoPE), inverse [L,T] (rank or -1), out [T',C] (the kept rows of
+        `activations`, layers == 1)); None for what was not requested.
+        T is `total_tokens`, else activations' dim 0, else (a host
+        cu_seqlens) its last value: no padding. T' (kept_tokens) is
+        computed here from a host cu_seqlens when not given (a CUDA one in a
+        registered buffer needs it passed when ids/positions/out come back
+        inline)."""
+        req = pb.SamplePackedTokensRequest(
+            keep_num=int(keep_num), keep_den=int(keep_den), min_tokens=int(min_tokens),
+            layers=int(layers), seed=int(seed), step=int(step))
+        if total_tokens is None and activations is None:
+            host = _host_array(cu_seqlens)
+            if host is not None and host.ndim == 1 and host.size:
+                total_tokens = int(host[-1])
+        if total_tokens is not None:
+            req.total_tokens = int(total_tokens)
+        if kept_tokens is None:
+            kept_tokens = packed_kept_tokens(cu_seqlens, keep_num, keep_den, min_tokens)
+        if kept_tokens is not None:
+            req.kept_tokens = int(kept_tokens)
+        self._in(req, "cu_seqlens", cu_seqlens)
+        if activations is not None:
+            self._in(req, "activations", activations)
+        sinks = {"cu_seqlens_kept": self._out(req, "cu_seqlens_kept", cu_seqlens_kept),
+                 "ids": self._out(req, "ids", ids)}
+        for field, x in (("positions", positions), ("inverse", inverse), ("out", out)):
+            sinks[field] = self._opt_out(req, field, x)
+        return self._prepared("sample_packed_tokens", "SamplePackedTokens", req,
+                              lambda o: PackedSampleResult(
+                                  *(self._result(o, f, sinks[f])
+                                    for f in PackedSampleResult._fields)))
+
+
+def _host_array(x):
+    """x as a numpy array when it lives in host memory (numpy, CPU torch),
+    else None (a CUDA tensor: reading it would synchronize its stream)."""
+    if isinstance(x, np.ndarray):
+        return x
+    device = getattr(x, "device", None)
+    if device is not None and getattr(device, "type", None) == "cpu" and hasattr(x, "numpy"):
+        return x.numpy()
+    return None
+
+
+def packed_kept_tokens(cu_seqlens, keep_num, keep_den, min_tokens=0):
+    """T' = sum of r_i for host `cu_seqlens` (docs/ops.md section 11), exact
+    for any keep_num <= keep_den; None when cu_seqlens is not on the host or
+    the rule is invalid (the server then reports the error)."""
+    cu = _host_array(cu_seqlens)
+    num, den, floor = int(keep_num), int(keep_den), int(min_tokens)
+    if cu is None or cu.ndim != 1 or den < 1 or not 0 <= num <= den or floor < 0:
+        return None
+    n = np.diff(cu.astype(np.int64))
+    if n.size and n.min() < 0:
+        return None  # bad data: the server names it
+    if den < 2**31:
+        want = (n * num + den - 1) // den
+    else:  # exact with Python integers
+        want = np.array([(int(v) * num + den - 1) // den for v in n], dtype=np.int64)
+    return int(np.minimum(n, np.maximum(want, floor)).sum())
+
 
 OP_NAMES = ("sort_tokens", "gather_tokens", "scatter_tokens", "gather_bert_mask",
             "slice_gpt_mask", "segment_seqlens", "sample_tokens", "topk_tokens", "merge_tokens",
-            "split_tokens")
+            "split_tokens", "sample_packed_tokens")

@@ -176,6 +176,8 @@ class Client {
   absl::StatusOr<v1::OpResponse> TopKTokens(const v1::TopKTokensRequest& request) const;
   absl::StatusOr<v1::OpResponse> MergeTokens(const v1::MergeTokensRequest& request) const;
   absl::StatusOr<v1::OpResponse> SplitTokens(const v1::SplitTokensRequest& request) const;
+  absl::StatusOr<v1::OpResponse> SamplePackedTokens(
+      const v1::SamplePackedTokensRequest& request) const;
   // Runs any one Op (dispatches on its oneof; INVALID_ARGUMENT if unset).
   absl::StatusOr<v1::OpResponse> RunOp(const v1::Op& op) const;
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request) const;
