@@ -12,7 +12,10 @@
 // the core::ServerDescription clients read with GetServerInfo; then the gRPC
 // front end on every listener, the Prometheus exposer and a reaper thread
 // that expires idle sessions and unredeemed fd tickets. Health reports
-// SERVING for "" and "tokensel.v1.TokenSelect" once all of that is up.
+// SERVING for "" and "tokensel.v1.TokenSelect" once all of that is up, and
+// NOT_SERVING for good once the backend reports unhealthy() (a device lost
+// to a sticky CUDA error), checked by the reaper every reap_interval
+// (core::HealthWatch).
 //
 // The transport (listeners, connection table, TCP security, the TokenSelect
 // service, health, reflection, the op workers) is the GrpcFrontEnd
@@ -47,6 +50,7 @@
 #include "server/core/executor.h"
 #include "server/core/fd_channel.h"
 #include "server/core/fd_tickets.h"
+#include "server/core/health_watch.h"
 #include "server/core/memory_budget.h"
 #include "server/core/region.h"
 #include "server/core/service_metrics.h"
@@ -151,6 +155,7 @@ class Server {
   std::unique_ptr<core::Admission> admission_;
   std::unique_ptr<core::Executor> executor_;
   std::unique_ptr<GrpcFrontEnd> front_end_;
+  std::unique_ptr<core::HealthWatch> health_watch_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string metrics_address_;
 
