@@ -76,7 +76,11 @@ absl::Status Server::Init() {
         absl::StrCat("max_buffers_total must be <= ", memory::SigbusGuard::kCapacity));
   }
 
-  ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
+  if (options_.make_backend) {
+    ASSIGN_OR_RETURN(backend_, options_.make_backend());
+  } else {
+    ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
+  }
   ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
   cuda_ipc_ = memory::MakeCudaIpcMapper();
 

@@ -36,6 +36,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -103,6 +104,9 @@ struct ServerOptions {
   // Server. Null: no fd channel.
   core::FdReceiver* fd_receiver = nullptr;
   absl::Duration fd_channel_idle_timeout = absl::Seconds(30);
+  // Tests: builds the backend instead of MakeBackend(backend, threads) (a
+  // fake one, e.g. to lose a device). Null: MakeBackend.
+  std::function<absl::StatusOr<std::unique_ptr<core::Backend>>()> make_backend;
 };
 
 class Server {
