@@ -76,11 +76,16 @@ absl::Status Server::Init() {
         absl::StrCat("max_buffers_total must be <= ", memory::SigbusGuard::kCapacity));
   }
 
-  ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
+  if (options_.make_backend) {
+    ASSIGN_OR_RETURN(backend_, options_.make_backend());
+  } else {
+    ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
+  }
   ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
   cuda_ipc_ = memory::MakeCudaIpcMapper();
 
-  metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name());
+  metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name(),
+                                                    backend_->device_labels());
   core::RegistryLimits registry_limits;
   registry_limits.max_buffers_per_session = options_.max_buffers;
   registry_limits.max_buffers =
@@ -161,8 +166,12 @@ absl::Status Server::Init() {
   ASSIGN_OR_RETURN(front_end_, GrpcFrontEnd::Start(std::move(front), std::move(deps)));
 
   RETURN_IF_ERROR(StartExposer());
-  reaper_ = std::thread([this] { ReaperLoop(); });
+  health_watch_ = std::make_unique<core::HealthWatch>(backend_.get(),
+                                                      [this] { front_end_->SetServing(false); });
+  // SERVING before the reaper starts: its first health poll may only ever
+  // turn it off.
   front_end_->SetServing(true);
+  reaper_ = std::thread([this] { ReaperLoop(); });
   return absl::OkStatus();
 }
 
@@ -193,6 +202,7 @@ void Server::ReaperLoop() {
       TS_LOG(INFO) << "expired " << reaped << " idle session(s)";
     }
     tickets_->ReapExpired();
+    health_watch_->Poll();
     mu_.Lock();
   }
 }

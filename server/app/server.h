@@ -12,7 +12,10 @@
 // the core::ServerDescription clients read with GetServerInfo; then the gRPC
 // front end on every listener, the Prometheus exposer and a reaper thread
 // that expires idle sessions and unredeemed fd tickets. Health reports
-// SERVING for "" and "tokensel.v1.TokenSelect" once all of that is up.
+// SERVING for "" and "tokensel.v1.TokenSelect" once all of that is up, and
+// NOT_SERVING for good once the backend reports unhealthy() (a device lost
+// to a sticky CUDA error), checked by the reaper every reap_interval
+// (core::HealthWatch).
 //
 // The transport (listeners, connection table, TCP security, the TokenSelect
 // service, health, reflection, the op workers) is the GrpcFrontEnd
@@ -33,6 +36,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -47,6 +51,7 @@
 #include "server/core/executor.h"
 #include "server/core/fd_channel.h"
 #include "server/core/fd_tickets.h"
+#include "server/core/health_watch.h"
 #include "server/core/memory_budget.h"
 #include "server/core/region.h"
 #include "server/core/service_metrics.h"
@@ -99,6 +104,9 @@ struct ServerOptions {
   // Server. Null: no fd channel.
   core::FdReceiver* fd_receiver = nullptr;
   absl::Duration fd_channel_idle_timeout = absl::Seconds(30);
+  // Tests: builds the backend instead of MakeBackend(backend, threads) (a
+  // fake one, e.g. to lose a device). Null: MakeBackend.
+  std::function<absl::StatusOr<std::unique_ptr<core::Backend>>()> make_backend;
 };
 
 class Server {
@@ -151,6 +159,7 @@ class Server {
   std::unique_ptr<core::Admission> admission_;
   std::unique_ptr<core::Executor> executor_;
   std::unique_ptr<GrpcFrontEnd> front_end_;
+  std::unique_ptr<core::HealthWatch> health_watch_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string metrics_address_;
 

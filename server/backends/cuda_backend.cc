@@ -10,10 +10,13 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/sticky_error.h"
 
 namespace tokensel::backends {
 namespace {
@@ -72,7 +75,43 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
   return backend;
 }
 
-CudaBackend::CudaBackend(core::DeviceDescription device) : device_(std::move(device)) {}
+CudaBackend::CudaBackend(core::DeviceDescription device)
+    : device_(std::move(device)), label_(absl::StrCat("cuda:", device_.ordinal)) {}
+
+bool CudaBackend::OnDevice(absl::string_view device_uuid) const {
+  return absl::EqualsIgnoreCase(device_uuid, device_.uuid);
+}
+
+bool CudaBackend::NoteError(int err, absl::string_view where) {
+  const auto code = static_cast<cudaError_t>(err);
+  if (kc::IsStickyError(code) && !failed_.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&failure_mu_);
+    if (failure_.empty()) {
+      failure_ = absl::StrCat(cudaGetErrorName(code), " in ", where);
+      TS_LOG(ERROR) << "cuda backend: device " << label_ << " (" << device_.uuid
+                    << ") is out of service: sticky CUDA error " << failure_
+                    << "; its context is unusable until the server restarts (health: NOT_SERVING)";
+    }
+    failed_.store(true, std::memory_order_release);
+  }
+  return failed_.load(std::memory_order_acquire);
+}
+
+absl::Status CudaBackend::CheckUsable() const {
+  if (!failed_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&failure_mu_);
+  return absl::UnavailableError(absl::StrCat(
+      "cuda backend: device ", label_, " (", device_.uuid, ") is out of service after ", failure_,
+      " (a sticky CUDA error: the device's context is unusable until the server restarts); "
+      "nothing ran"));
+}
+
+absl::Status CudaBackend::WithFailure(absl::Status status) const {
+  if (status.ok() || !failed_.load(std::memory_order_acquire)) return status;
+  return absl::Status(status.code(), absl::StrCat(status.message(), "; device ", label_,
+                                                  " is now out of service until the server "
+                                                  "restarts"));
+}
 
 absl::Status CudaBackend::Init(int streams) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
@@ -97,7 +136,10 @@ CudaBackend::~CudaBackend() {
 }
 
 absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) {
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  if (const cudaError_t err = cudaSetDevice(device_.ordinal); err != cudaSuccess) {
+    NoteError(err, "cudaSetDevice");
+    return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
+  }
   Lease lease;
   {
     absl::MutexLock lock(&mu_);
@@ -120,7 +162,8 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
       Release(lease);  // the pooled workspace taken above goes back
-      return kc::CudaError(err, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+      NoteError(err, "cudaStreamCreateWithFlags");
+      return WithFailure(kc::CudaError(err, "cudaStreamCreateWithFlags", __FILE__, __LINE__));
     }
     absl::MutexLock lock(&mu_);
     all_streams_.push_back(s);
@@ -140,6 +183,9 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       Release(lease);
+      if (NoteError(err, "cudaMalloc of a workspace")) {
+        return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));
+      }
       return absl::ResourceExhaustedError(
           absl::StrCat("cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
     }
@@ -182,6 +228,8 @@ void CudaBackend::Release(const Lease& lease) {
 
 template <typename Args>
 absl::Status CudaBackend::RunTyped(const Args& args) {
+  // A failed device is not touched again (no launch on a dead context).
+  RETURN_IF_ERROR(CheckUsable());
   // The workspace size is defined for valid metadata only (cuda_ops.h).
   RETURN_IF_ERROR(kernels::Validate(args));
   ASSIGN_OR_RETURN(const Lease lease, Acquire(kc::WorkspaceBytes(args)));
@@ -191,7 +239,13 @@ absl::Status CudaBackend::RunTyped(const Args& args) {
     // Kernels may still be queued (a later launch failed, or Finish stopped
     // at a CUDA error before it synchronized): drain before the workspace
     // goes back to the pool, where the next op would share it with them.
-    (void)cudaStreamSynchronize(lease.stream);
+    // A kernel fault surfaces here (or in the thread's last error) as a
+    // sticky error: then this device is out of service (NoteError). An OK
+    // Finish synchronized the stream without error, so no fault happened on
+    // it; a fault of a concurrent op is caught by that op.
+    NoteError(cudaStreamSynchronize(lease.stream), "an op's stream");
+    NoteError(cudaPeekAtLastError(), "an op's launches");
+    st = WithFailure(std::move(st));
   }
   Release(lease);
   return st;
@@ -211,16 +265,26 @@ uint64_t CudaBackend::OpScratchBytes(core::OpArgs args) const {
 
 absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateStaging(
     uint64_t bytes) {
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
+  RETURN_IF_ERROR(CheckUsable());
+  if (const cudaError_t err = cudaSetDevice(device_.ordinal); err != cudaSuccess) {
+    NoteError(err, "cudaSetDevice");
+    return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
+  }
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
+    if (NoteError(err, "cudaMalloc of staging")) {
+      return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));
+    }
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
   }
   auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes);
-  CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, bytes == 0 ? 1 : bytes));
+  if (const cudaError_t set = cudaMemset(p, 0, bytes == 0 ? 1 : bytes); set != cudaSuccess) {
+    NoteError(set, "cudaMemset of staging");
+    return WithFailure(kc::CudaError(set, "cudaMemset", __FILE__, __LINE__));
+  }
   return staging;
 }
 
@@ -229,8 +293,15 @@ absl::Status CudaBackend::CopyToStaging(const Staging& dst, const void* src, uin
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: copy of ", bytes, " bytes into staging of ", dst.size()));
   }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
-  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice));
+  RETURN_IF_ERROR(CheckUsable());
+  cudaError_t err = cudaSetDevice(device_.ordinal);
+  if (err == cudaSuccess && bytes > 0) {
+    err = cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice);
+  }
+  if (err != cudaSuccess) {
+    NoteError(err, "a copy to staging");
+    return WithFailure(kc::CudaError(err, "cudaMemcpy to staging", __FILE__, __LINE__));
+  }
   return absl::OkStatus();
 }
 
@@ -239,8 +310,15 @@ absl::Status CudaBackend::CopyFromStaging(void* dst, const Staging& src, uint64_
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: copy of ", bytes, " bytes from staging of ", src.size()));
   }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
-  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src.data(), bytes, cudaMemcpyDeviceToHost));
+  RETURN_IF_ERROR(CheckUsable());
+  cudaError_t err = cudaSetDevice(device_.ordinal);
+  if (err == cudaSuccess && bytes > 0) {
+    err = cudaMemcpy(dst, src.data(), bytes, cudaMemcpyDeviceToHost);
+  }
+  if (err != cudaSuccess) {
+    NoteError(err, "a copy from staging");
+    return WithFailure(kc::CudaError(err, "cudaMemcpy from staging", __FILE__, __LINE__));
+  }
   return absl::OkStatus();
 }
 

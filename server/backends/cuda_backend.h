@@ -16,15 +16,36 @@
 // Staging is device memory; its copies are synchronous cudaMemcpy.
 // Every CUDA call is checked (INTERNAL with the CUDA error text).
 //
+// One device per backend: MakeBackend builds one per visible device under a
+// MultiDeviceBackend (multi_device_backend.h), which routes each request to
+// the device of its buffers. OnDevice(uuid) is true for this device only.
+// Metric device label: "cuda:<ordinal>".
+//
+// Sticky errors (kernels/cuda/sticky_error.h: an illegal address, a kernel
+// trap, ...) corrupt the device's CUDA context for the rest of the process:
+// every later call on it fails. When a CUDA call of this backend returns one
+// (the stream sync after a failed op, cudaPeekAtLastError, an allocation or a
+// staging copy), the op that hit it answers INTERNAL with the CUDA error and
+// the backend marks itself failed: healthy() turns false for good (the
+// server's health goes NOT_SERVING, core::HealthWatch, so the orchestrator
+// restarts it), and every later RunOp / AllocateStaging / Copy* answers
+// UNAVAILABLE at once, without touching the device. UNAVAILABLE, not
+// INTERNAL: those requests did nothing (safe to retry), and what clears the
+// condition is the server's restart, as for the UNAVAILABLE of a server
+// shutting down; INTERNAL stays the code of the op that actually faulted
+// (its outputs may be partly written).
+//
 // Thread-safe: concurrent Run calls each take their own stream and workspace.
 // This header includes no CUDA header.
 #ifndef TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_
 #define TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -53,6 +74,9 @@ class CudaBackend final : public core::Backend {
     return kind == core::MemoryKind::kCudaDevice;
   }
   std::vector<core::DeviceDescription> devices() const override { return {device_}; }
+  absl::string_view device_label() const override { return label_; }
+  bool OnDevice(absl::string_view device_uuid) const override;
+  bool healthy() const override { return !failed_.load(std::memory_order_acquire); }
   int ordinal() const { return device_.ordinal; }
 
   // Device memory (cudaMalloc, zero-filled); RESOURCE_EXHAUSTED when the
@@ -92,7 +116,21 @@ class CudaBackend final : public core::Backend {
   template <typename Args>
   absl::Status RunTyped(const Args& args);
 
+  // `err` (a cudaError_t) came back from a CUDA call of this backend: if it
+  // is sticky, marks the backend failed (once; logged). True if it did now
+  // or earlier.
+  bool NoteError(int err, absl::string_view where);
+  // UNAVAILABLE once failed, else OK: checked before touching the device.
+  absl::Status CheckUsable() const;
+  // `status` (an op's INTERNAL) with a note that the device is now out of
+  // service, when NoteError marked it failed.
+  absl::Status WithFailure(absl::Status status) const;
+
   core::DeviceDescription device_;
+  std::string label_;                // "cuda:<ordinal>"
+  std::atomic<bool> failed_{false};  // a sticky error was seen; never reset
+  mutable absl::Mutex failure_mu_;
+  std::string failure_ ABSL_GUARDED_BY(failure_mu_);  // which error, where
   mutable absl::Mutex mu_;
   std::vector<kernels::cuda::Stream> all_streams_ ABSL_GUARDED_BY(mu_);
   std::vector<kernels::cuda::Stream> free_streams_ ABSL_GUARDED_BY(mu_);

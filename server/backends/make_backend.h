@@ -1,9 +1,11 @@
 // MakeBackend: picks and constructs the server's Backend.
 //
 //   "cpu"  -> CpuBackend(threads).
-//   "cuda" -> the CUDA backend. This build has none yet (the CUDA operators
-//             are a later issue), so FAILED_PRECONDITION, naming the reason:
-//             no CUDA device, or CUDA backend not built.
+//   "cuda" -> a MultiDeviceBackend over one CudaBackend per visible device
+//             (each op runs on the device of its buffers; see
+//             multi_device_backend.h). FAILED_PRECONDITION, naming the
+//             reason, when there is no CUDA device, the CUDA backend is not
+//             built, or a device cannot be set up.
 //   "auto" -> CUDA when a device exists and a CUDA backend is built, else the
 //             CPU backend; the choice and its reason are logged.
 //   anything else -> INVALID_ARGUMENT.

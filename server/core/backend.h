@@ -1,16 +1,21 @@
 // Backend: where operators run. CpuBackend (server/backends) runs
 // kernels::cpu on a thread pool over host memory; CudaBackend runs
-// kernels::cuda on device memory. The executor resolves every tensor to a
-// view the backend can access (CanAccess) before calling Run.
+// kernels::cuda on the memory of one device; MultiDeviceBackend holds one
+// CudaBackend per device and routes each request to one of them (Route).
+// The executor first routes the request, then resolves every tensor to a
+// view the routed backend can access (CanAccess, OnDevice) and runs it there.
 #ifndef TOKENSEL_SERVER_CORE_BACKEND_H_
 #define TOKENSEL_SERVER_CORE_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -47,6 +52,46 @@ struct OpArgsOf<std::variant<Requests...>> {
 };
 using OpArgs = OpArgsOf<OpRequest>::type;
 
+// Where one by-reference tensor of a request lives (Backend::Route).
+struct TensorPlacement {
+  std::string field;        // the request field, e.g. "activations"
+  std::string device_uuid;  // its buffer's MappedRegion::device_uuid(); empty = host memory
+};
+
+class Backend;
+
+// The backend that serves one request (Backend::Route). Every call the
+// request makes (staging, scratch size, RunOp, the copies back) goes to
+// backend(); while the route lives the request counts as in flight there.
+// Move-only; must not outlive the backend that made it.
+class BackendRoute {
+ public:
+  explicit BackendRoute(Backend* backend, std::function<void()> on_done = nullptr)
+      : backend_(backend), on_done_(std::move(on_done)) {}
+  BackendRoute(BackendRoute&& other) noexcept
+      : backend_(other.backend_), on_done_(std::move(other.on_done_)) {
+    other.on_done_ = nullptr;
+  }
+  BackendRoute& operator=(BackendRoute&& other) noexcept {
+    if (this != &other) {
+      if (on_done_) on_done_();
+      backend_ = other.backend_;
+      on_done_ = std::move(other.on_done_);
+      other.on_done_ = nullptr;
+    }
+    return *this;
+  }
+  BackendRoute(const BackendRoute&) = delete;
+  ~BackendRoute() {
+    if (on_done_) on_done_();
+  }
+  Backend& backend() const { return *backend_; }
+
+ private:
+  Backend* backend_;
+  std::function<void()> on_done_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -56,6 +101,32 @@ class Backend {
   // Whether views into memory of this kind can be passed to Run.
   virtual bool CanAccess(MemoryKind kind) const = 0;
   virtual std::vector<DeviceDescription> devices() const { return {}; }
+  // The `device` label of the op metrics for ops run here: "cpu" on the
+  // CPU, "cuda:<ordinal>" on a CUDA device. device_labels(): every label a
+  // routed request can report (one per device for MultiDeviceBackend).
+  virtual absl::string_view device_label() const { return name(); }
+  virtual std::vector<std::string> device_labels() const { return {std::string(device_label())}; }
+  // Whether memory of device `device_uuid` (a non-empty
+  // MappedRegion::device_uuid()) may be passed to Run. Default: any (the
+  // memory kind, CanAccess, decides); CudaBackend: its own device only, since
+  // an IPC mapping exists only in the context of the device it was opened
+  // on and a kernel on another device faults on it.
+  virtual bool OnDevice(absl::string_view /*device_uuid*/) const { return true; }
+  // False once the backend can no longer run ops (CudaBackend: a sticky CUDA
+  // error killed its context) and never true again; the server then reports
+  // NOT_SERVING (core::HealthWatch). Thread-safe.
+  virtual bool healthy() const { return true; }
+
+  // The backend that serves one request, decided once per request before
+  // anything is staged. `placements` lists where its by-reference tensors
+  // live; it is called only by backends that route (MultiDeviceBackend),
+  // others answer themselves. Errors (nothing staged, nothing run):
+  // FAILED_PRECONDITION for tensors on different devices or on a device
+  // this backend does not serve.
+  virtual absl::StatusOr<BackendRoute> Route(
+      absl::FunctionRef<std::vector<TensorPlacement>()> /*placements*/) {
+    return BackendRoute(this);
+  }
 
   // Memory for inline tensors, accessible to Run: aligned host memory on the
   // CPU, device memory on CUDA. Copies are synchronous.

@@ -73,11 +73,17 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   MemoryBudget::Reservation own =
       budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
   MemoryBudget::Reservation* memory = options.memory != nullptr ? options.memory : &own;
+  // Which backend (device) serves the op is decided once, here, before
+  // anything is staged: the staging of inline tensors, the scratch, the
+  // kernel and the copies back then all use that one device. `route` lives
+  // until the resolver (and its staging) is gone.
+  ASSIGN_OR_RETURN(const BackendRoute route, Route(session, op));
+  Backend& backend = route.backend();
   OpResult result;
   uint64_t staged = 0;
   {
-    Resolver resolver(backend_, registry_, session, limits_.max_inline_bytes, memory);
-    OpContext ctx{resolver, *backend_, memory, options.stop, OpName(op)};
+    Resolver resolver(&backend, registry_, session, limits_.max_inline_bytes, memory);
+    OpContext ctx{resolver, backend, memory, options.stop, OpName(op)};
     absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
     // Lost memory outranks whatever the op reported: its inputs were zeros.
     if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
@@ -91,7 +97,9 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
     }
     staged = resolver.staged_bytes();
     result.bytes_moved = ctx.bytes;
-    if (status.ok() && metrics_ != nullptr) metrics_->ObserveOp(OpName(op), ctx.seconds, ctx.bytes);
+    if (status.ok() && metrics_ != nullptr) {
+      metrics_->ObserveOp(OpName(op), backend.device_label(), ctx.seconds, ctx.bytes);
+    }
     if (!status.ok()) {
       memory->Shrink(staged);
       return status;
@@ -99,6 +107,27 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   }
   memory->Shrink(staged);  // the staging died with the resolver
   return result;
+}
+
+absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
+                                             const OpRequest& op) const {
+  return backend_->Route([&]() {
+    // The op's by-reference tensors, found by resolving it in measure mode
+    // (metadata only: no lease, no staging). A failure there, or a buffer
+    // that cannot be leased, is left for the real resolution to report with
+    // its usual message; the tensors found until then still count.
+    Resolver probe(backend_, registry_, session, limits_.max_inline_bytes, nullptr,
+                   /*measure_only=*/true);
+    OpContext ctx{probe, *backend_, nullptr, nullptr, OpName(op)};
+    (void)std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+    std::vector<TensorPlacement> placements;
+    for (const auto& [field, buffer] : probe.buffer_refs()) {
+      absl::StatusOr<BufferLease> lease = registry_->Acquire(session, buffer);
+      if (!lease.ok()) continue;
+      placements.push_back(TensorPlacement{field, (*lease)->region().device_uuid()});
+    }
+    return placements;
+  });
 }
 
 uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {

@@ -15,6 +15,12 @@
 // indices etc. come back as INVALID_ARGUMENT with nothing written.
 // Leases are held until the op finishes: unregistering a buffer during an op
 // is deferred.
+// Device: before anything is resolved, the backend routes the op
+// (Backend::Route; MultiDeviceBackend picks the device of its by-reference
+// tensors, FAILED_PRECONDITION when they are on different devices) and the
+// whole op (staging, scratch, run, copies back) uses the routed backend; a
+// buffer re-registered on another device meanwhile is FAILED_PRECONDITION at
+// resolution (Backend::OnDevice). op_duration carries its device label.
 //
 // Memory: every allocation an op causes is counted in the request's
 // MemoryBudget reservation before it is made (RESOURCE_EXHAUSTED otherwise,
@@ -91,6 +97,10 @@ class Executor {
   MemoryBudget* budget() const { return budget_; }
 
  private:
+  // The backend that serves `op` (Backend::Route), from the devices of the
+  // buffers its by-reference tensors name.
+  absl::StatusOr<BackendRoute> Route(const std::string& session, const OpRequest& op) const;
+
   Backend* const backend_;
   BufferRegistry* const registry_;
   ServiceMetrics* const metrics_;

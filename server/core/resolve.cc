@@ -217,6 +217,7 @@ absl::Status Resolver::CheckLostBuffers(BufferRegistry* registry) const {
 absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::string_view field) {
   ASSIGN_OR_RETURN(TensorView v, MetadataView(spec, field));
   if (measure_only_) {
+    buffer_refs_.emplace_back(std::string(field), spec.buffer);
     v.data = &measure_sentinel;
     return v;
   }
@@ -238,6 +239,15 @@ absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::st
     return absl::FailedPreconditionError(absl::StrCat(
         field, ": buffer '", spec.buffer, "' is in ", MemoryKindName(region.memory_kind()),
         " memory, which the ", backend_->name(), " backend cannot access"));
+  }
+  // The executor routed the op to the device of its buffers (Backend::Route),
+  // but the name may have been re-registered on another device since: a
+  // kernel must never see memory of a device it does not run on.
+  if (const std::string device = region.device_uuid();
+      !device.empty() && !backend_->OnDevice(device)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": buffer '", spec.buffer, "' is on device ", device, ", not on ",
+                     backend_->device_label(), ", where this op runs (with its other tensors)"));
   }
   v.data = static_cast<char*>(region.data()) + offset;
   leases_.emplace_back(spec.buffer, *std::move(lease));

@@ -9,7 +9,9 @@
 //    without overflow (`extent > UINT64_MAX - offset` first), giving
 //    OUT_OF_RANGE "activations: byte_offset 4096 + extent 65536 exceeds
 //    buffer 'acts' size 32768"; a buffer in memory the backend cannot access
-//    is FAILED_PRECONDITION. Only then is a pointer formed.
+//    is FAILED_PRECONDITION, and so is one on a device the backend does not
+//    run on (Backend::OnDevice: the op was routed to another device, and the
+//    buffer was re-registered there since). Only then is a pointer formed.
 //  - kInline: dtype and shape required, strides must be empty and the length
 //    must equal product(shape) * element size (INVALID_ARGUMENT); the bytes
 //    are copied to backend staging.
@@ -90,6 +92,11 @@ class Resolver {
   absl::Status CheckLostBuffers(BufferRegistry* registry) const;
 
   uint64_t inline_output_bytes() const { return inline_output_bytes_; }
+  // Measure mode: (field, buffer name) of every by-reference tensor seen, in
+  // resolution order (the executor routes the op by their buffers' devices).
+  const std::vector<std::pair<std::string, std::string>>& buffer_refs() const {
+    return buffer_refs_;
+  }
   // Staging bytes reserved so far (given back by the caller after the op).
   uint64_t staged_bytes() const { return staged_bytes_; }
 
@@ -117,7 +124,8 @@ class Resolver {
   const bool measure_only_;
   uint64_t inline_output_bytes_ = 0;
   uint64_t staged_bytes_ = 0;
-  std::vector<std::pair<std::string, BufferLease>> leases_;  // (buffer name, lease)
+  std::vector<std::pair<std::string, BufferLease>> leases_;       // (buffer name, lease)
+  std::vector<std::pair<std::string, std::string>> buffer_refs_;  // measure mode
   std::vector<std::unique_ptr<Backend::Staging>> staging_;
   std::vector<Pending> pending_;
 };

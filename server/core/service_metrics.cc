@@ -1,5 +1,7 @@
 #include "server/core/service_metrics.h"
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "prometheus/counter.h"
@@ -18,8 +20,10 @@ const std::vector<double>& ServiceMetrics::LatencyBuckets() {
   return buckets;
 }
 
-ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view backend)
+ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view backend,
+                               std::vector<std::string> devices)
     : backend_(backend), registry_(std::make_shared<prometheus::Registry>()) {
+  if (devices.empty()) devices.push_back(backend_);
   op_duration_ = &prometheus::BuildHistogram()
                       .Name("tokensel_op_duration_seconds")
                       .Help("Time to execute one operator on the backend, in seconds.")
@@ -70,27 +74,34 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
       .Set(1);
 
   tokensel::MutexLock lock(&mu_);
-  // The `op` label values, pre-created so every series exists from start-up.
+  // The (op, device) label values, pre-created so every series exists from
+  // start-up.
   for (absl::string_view op : AllOpNames()) {
     const std::string name(op);
-    op_hist_.emplace(name,
-                     &op_duration_->Add({{"op", name}, {"backend", backend_}}, LatencyBuckets()));
+    for (const std::string& device : devices) {
+      op_hist_[name].emplace(
+          device, &op_duration_->Add({{"op", name}, {"backend", backend_}, {"device", device}},
+                                     LatencyBuckets()));
+    }
     op_bytes_.emplace(name, &bytes_moved_->Add({{"op", name}}));
   }
 }
 
 ServiceMetrics::~ServiceMetrics() = default;
 
-prometheus::Histogram& ServiceMetrics::OpHistogram(absl::string_view op) {
+prometheus::Histogram& ServiceMetrics::OpHistogram(absl::string_view op, absl::string_view device) {
   {
     tokensel::ReaderMutexLock lock(&mu_);
-    if (auto it = op_hist_.find(op); it != op_hist_.end()) return *it->second;
+    if (auto it = op_hist_.find(op); it != op_hist_.end()) {
+      if (auto d = it->second.find(device); d != it->second.end()) return *d->second;
+    }
   }
   tokensel::MutexLock lock(&mu_);
   const std::string name(op);
-  auto [it, inserted] = op_hist_.try_emplace(name, nullptr);
+  auto [it, inserted] = op_hist_[name].try_emplace(std::string(device), nullptr);
   if (inserted) {
-    it->second = &op_duration_->Add({{"op", name}, {"backend", backend_}}, LatencyBuckets());
+    it->second = &op_duration_->Add(
+        {{"op", name}, {"backend", backend_}, {"device", std::string(device)}}, LatencyBuckets());
   }
   return *it->second;
 }
@@ -107,8 +118,9 @@ prometheus::Counter& ServiceMetrics::BytesCounter(absl::string_view op) {
   return *it->second;
 }
 
-void ServiceMetrics::ObserveOp(absl::string_view op, double seconds, uint64_t bytes_moved) {
-  OpHistogram(op).Observe(seconds);
+void ServiceMetrics::ObserveOp(absl::string_view op, absl::string_view device, double seconds,
+                               uint64_t bytes_moved) {
+  OpHistogram(op, device).Observe(seconds);
   BytesCounter(op).Increment(static_cast<double>(bytes_moved));
 }
 

@@ -1,8 +1,9 @@
 // ServiceMetrics: every Prometheus metric tokensel exports, on one
-// prometheus::Registry. Labels are bounded: op (8 values), backend, method
-// (the RPC names), code (gRPC code names). Never buffer names or client ids.
+// prometheus::Registry. Labels are bounded: op (the operators), backend,
+// device (one per device: "cpu", "cuda:0", ...), method (the RPC names),
+// code (gRPC code names). Never buffer names or client ids.
 //
-//   tokensel_op_duration_seconds{op,backend}       histogram, buckets from 10 us
+//   tokensel_op_duration_seconds{op,backend,device} histogram, buckets from 10 us
 //   tokensel_rpc_duration_seconds{method,code}     histogram, buckets from 10 us
 //   tokensel_requests_total{method,code}           counter
 //   tokensel_bytes_moved_total{op}                 counter
@@ -44,12 +45,18 @@ namespace tokensel::core {
 
 class ServiceMetrics {
  public:
-  ServiceMetrics(absl::string_view version, absl::string_view backend);
+  // `devices`: the device labels ops can report (Backend::device_labels());
+  // an (op, device) series exists for each from the start. Empty: one
+  // device labelled like the backend.
+  ServiceMetrics(absl::string_view version, absl::string_view backend,
+                 std::vector<std::string> devices = {});
   ~ServiceMetrics();
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
-  void ObserveOp(absl::string_view op, double seconds, uint64_t bytes_moved);
+  // `device`: the label of the device the op ran on (Backend::device_label()).
+  void ObserveOp(absl::string_view op, absl::string_view device, double seconds,
+                 uint64_t bytes_moved);
   // `code` is the canonical name, e.g. "OK", "INVALID_ARGUMENT".
   void ObserveRpc(absl::string_view method, absl::string_view code, double seconds);
   void SetRegisteredBuffers(double n);
@@ -65,7 +72,7 @@ class ServiceMetrics {
   static const std::vector<double>& LatencyBuckets();
 
  private:
-  prometheus::Histogram& OpHistogram(absl::string_view op);
+  prometheus::Histogram& OpHistogram(absl::string_view op, absl::string_view device);
   prometheus::Counter& BytesCounter(absl::string_view op);
 
   const std::string backend_;
@@ -83,7 +90,9 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Counter>* connections_refused_;
 
   tokensel::Mutex mu_;
-  std::map<std::string, prometheus::Histogram*, std::less<>> op_hist_ ABSL_GUARDED_BY(mu_);
+  // op -> device -> series
+  std::map<std::string, std::map<std::string, prometheus::Histogram*, std::less<>>, std::less<>>
+      op_hist_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Counter*, std::less<>> op_bytes_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>,
            std::pair<prometheus::Histogram*, prometheus::Counter*>>

@@ -3,7 +3,8 @@
 // server receives them: Spec(name, offset, size) gives an FdRegionSpec whose
 // descriptor is (a copy of) an empty memfd standing for the object, and Map
 // finds the object by that memfd's inode; a CudaIpcSpec names its object by
-// the handle. Counts live mappings, so tests can see exactly when a region
+// the handle, and its regions report the spec's device_uuid ("GPU-fake" when
+// empty). Counts live mappings, so tests can see exactly when a region
 // is unmapped, and can run a hook inside Map() to stage races; fault(name)
 // makes the object's regions report faulted() (lost memory).
 #ifndef TOKENSEL_TESTS_SERVER_CORE_FAKE_REGION_MAPPER_H_
@@ -79,6 +80,7 @@ class FakeRegionMapper : public core::RegionMapper {
   absl::StatusOr<std::unique_ptr<core::MappedRegion>> Map(const core::RegionSpec& spec) override {
     ++map_calls_;
     std::string handle;
+    std::string device_uuid;
     ino_t inode = 0;
     uint64_t offset = 0;
     uint64_t size = 0;
@@ -93,6 +95,7 @@ class FakeRegionMapper : public core::RegionMapper {
     } else {
       const auto& ipc = std::get<core::CudaIpcSpec>(spec);
       handle = ipc.handle;
+      device_uuid = ipc.device_uuid;
       offset = ipc.offset;
       size = ipc.size;
     }
@@ -117,7 +120,7 @@ class FakeRegionMapper : public core::RegionMapper {
     }
     if (hook) hook();
     return std::unique_ptr<core::MappedRegion>(
-        new Region(std::move(object), offset, size, kind_, live_));
+        new Region(std::move(object), offset, size, kind_, live_, std::move(device_uuid)));
   }
 
  private:
@@ -130,8 +133,13 @@ class FakeRegionMapper : public core::RegionMapper {
   class Region : public core::MappedRegion {
    public:
     Region(std::shared_ptr<Object> object, uint64_t offset, uint64_t size, core::MemoryKind kind,
-           std::shared_ptr<std::atomic<int>> live)
-        : object_(std::move(object)), offset_(offset), size_(size), kind_(kind), live_(live) {
+           std::shared_ptr<std::atomic<int>> live, std::string device_uuid)
+        : object_(std::move(object)),
+          offset_(offset),
+          size_(size),
+          kind_(kind),
+          live_(live),
+          device_uuid_(std::move(device_uuid)) {
       ++*live_;
     }
     ~Region() override { --*live_; }
@@ -139,7 +147,8 @@ class FakeRegionMapper : public core::RegionMapper {
     uint64_t size() const override { return size_; }
     core::MemoryKind memory_kind() const override { return kind_; }
     std::string device_uuid() const override {
-      return kind_ == core::MemoryKind::kCudaDevice ? "GPU-fake" : "";
+      if (kind_ != core::MemoryKind::kCudaDevice) return "";
+      return device_uuid_.empty() ? "GPU-fake" : device_uuid_;
     }
     bool faulted() const override { return object_->faulted->load(); }
 
@@ -149,6 +158,7 @@ class FakeRegionMapper : public core::RegionMapper {
     uint64_t size_;
     core::MemoryKind kind_;
     std::shared_ptr<std::atomic<int>> live_;
+    std::string device_uuid_;
   };
 
   const core::MemoryKind kind_;

@@ -496,6 +496,7 @@ TEST(InfoTest, BufferAndServerInfo) {
   d.version = "1.2.3";
   d.backend = "cuda";
   d.devices.push_back({1, "GPU-abc", "H100", 90, 80ull << 30});
+  d.devices.push_back({2, "GPU-def", "H100", 90, 80ull << 30});  // every device is listed
   d.max_message_bytes = 1 << 26;
   d.max_buffers_per_session = 7;
   d.max_inflight = 8;
@@ -513,7 +514,9 @@ TEST(InfoTest, BufferAndServerInfo) {
   ServerInfoToProto(d, &s);
   EXPECT_EQ(s.version(), "1.2.3");
   EXPECT_EQ(s.backend(), "cuda");
-  ASSERT_EQ(s.devices_size(), 1);
+  ASSERT_EQ(s.devices_size(), 2);
+  EXPECT_EQ(s.devices(1).ordinal(), 2);
+  EXPECT_EQ(s.devices(1).uuid(), "GPU-def");
   EXPECT_EQ(s.devices(0).ordinal(), 1);
   EXPECT_EQ(s.devices(0).uuid(), "GPU-abc");
   EXPECT_EQ(s.devices(0).name(), "H100");

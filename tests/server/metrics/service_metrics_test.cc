@@ -65,9 +65,11 @@ TEST(ServiceMetricsTest, OpSeriesExistForAllEightOpsFromTheStart) {
   const std::string text = Scrape(metrics);
   for (const char* op : {"SortTokens", "GatherTokens", "ScatterTokens", "GatherBertMask",
                          "SliceGptMask", "SegmentSeqlens", "SampleTokens", "TopKTokens"}) {
-    EXPECT_EQ(Value(text, absl::StrCat("tokensel_op_duration_seconds_count{backend=\"cuda\",op=\"",
-                                       op, "\"}")),
-              0)
+    EXPECT_EQ(
+        Value(text, absl::StrCat(
+                        "tokensel_op_duration_seconds_count{backend=\"cuda\",device=\"cuda\",op=\"",
+                        op, "\"}")),
+        0)
         << op;
     EXPECT_EQ(Value(text, absl::StrCat("tokensel_bytes_moved_total{op=\"", op, "\"}")), 0) << op;
   }
@@ -98,34 +100,43 @@ TEST(ServiceMetricsTest, BucketBoundsAreTheLatencyBuckets) {
 
 TEST(ServiceMetricsTest, ObserveOpMovesCountSumBucketsAndBytes) {
   ServiceMetrics metrics("v", "cpu");
-  metrics.ObserveOp("GatherTokens", 30e-6, 1000);
-  metrics.ObserveOp("GatherTokens", 2e-3, 24);
-  metrics.ObserveOp("SortTokens", 5e-6, 8);
+  metrics.ObserveOp("GatherTokens", "cpu", 30e-6, 1000);
+  metrics.ObserveOp("GatherTokens", "cpu", 2e-3, 24);
+  metrics.ObserveOp("SortTokens", "cpu", 5e-6, 8);
   const std::string text = Scrape(metrics);
-  const std::string gather = "{backend=\"cpu\",op=\"GatherTokens\"}";
+  const std::string gather = "{backend=\"cpu\",device=\"cpu\",op=\"GatherTokens\"}";
   EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_count" + gather), 2);
   EXPECT_NEAR(Value(text, "tokensel_op_duration_seconds_sum" + gather), 2.03e-3, 1e-12);
   // Cumulative buckets: 30 us lands in le=5e-05, 2 ms in le=0.0025.
-  EXPECT_EQ(Value(text,
-                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                  "le=\"2.5e-05\"}"),
-            0);
-  EXPECT_EQ(Value(text,
-                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                  "le=\"5e-05\"}"),
-            1);
-  EXPECT_EQ(Value(text,
-                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                  "le=\"0.001\"}"),
-            1);
-  EXPECT_EQ(Value(text,
-                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"GatherTokens\","
-                  "le=\"0.0025\"}"),
-            2);
-  EXPECT_EQ(Value(text,
-                  "tokensel_op_duration_seconds_bucket{backend=\"cpu\",op=\"SortTokens\","
-                  "le=\"1e-05\"}"),
-            1);
+  EXPECT_EQ(
+      Value(
+          text,
+          "tokensel_op_duration_seconds_bucket{backend=\"cpu\",device=\"cpu\",op=\"GatherTokens\","
+          "le=\"2.5e-05\"}"),
+      0);
+  EXPECT_EQ(
+      Value(
+          text,
+          "tokensel_op_duration_seconds_bucket{backend=\"cpu\",device=\"cpu\",op=\"GatherTokens\","
+          "le=\"5e-05\"}"),
+      1);
+  EXPECT_EQ(
+      Value(
+          text,
+          "tokensel_op_duration_seconds_bucket{backend=\"cpu\",device=\"cpu\",op=\"GatherTokens\","
+          "le=\"0.001\"}"),
+      1);
+  EXPECT_EQ(
+      Value(
+          text,
+          "tokensel_op_duration_seconds_bucket{backend=\"cpu\",device=\"cpu\",op=\"GatherTokens\","
+          "le=\"0.0025\"}"),
+      2);
+  EXPECT_EQ(
+      Value(text,
+            "tokensel_op_duration_seconds_bucket{backend=\"cpu\",device=\"cpu\",op=\"SortTokens\","
+            "le=\"1e-05\"}"),
+      1);
   EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"GatherTokens\"}"), 1024);
   EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"SortTokens\"}"), 8);
   EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"TopKTokens\"}"), 0);
@@ -168,6 +179,22 @@ TEST(ServiceMetricsTest, GaugesHoldTheLastValue) {
   EXPECT_EQ(Value(text, "tokensel_inflight_requests"), 5);
 }
 
+TEST(ServiceMetricsTest, OpSeriesPerDeviceFromTheStartAndObservedPerDevice) {
+  ServiceMetrics metrics("v", "cuda", {"cuda:0", "cuda:1"});
+  metrics.ObserveOp("GatherTokens", "cuda:1", 1e-3, 10);
+  metrics.ObserveOp("GatherTokens", "cuda:1", 1e-3, 10);
+  metrics.ObserveOp("GatherTokens", "cuda:0", 1e-3, 10);
+  const std::string text = Scrape(metrics);
+  const std::string prefix = "tokensel_op_duration_seconds_count{backend=\"cuda\",device=\"";
+  EXPECT_EQ(Value(text, prefix + "cuda:0\",op=\"SortTokens\"}"), 0);
+  EXPECT_EQ(Value(text, prefix + "cuda:1\",op=\"SortTokens\"}"), 0);
+  EXPECT_EQ(Value(text, prefix + "cuda:0\",op=\"GatherTokens\"}"), 1);
+  EXPECT_EQ(Value(text, prefix + "cuda:1\",op=\"GatherTokens\"}"), 2);
+  EXPECT_THAT(text, Not(HasSubstr("device=\"cuda\"")))
+      << "no series for a device label that was not given";
+  EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"GatherTokens\"}"), 30);
+}
+
 TEST(ServiceMetricsTest, ConcurrentObservationsAreAllCounted) {
   ServiceMetrics metrics("v", "cpu");
   constexpr int kThreads = 8;
@@ -178,7 +205,7 @@ TEST(ServiceMetricsTest, ConcurrentObservationsAreAllCounted) {
       const std::string code = t % 2 == 0 ? "OK" : "NOT_FOUND";
       for (int i = 0; i < kPerThread; ++i) {
         metrics.ObserveRpc("Execute", code, 1e-4);
-        metrics.ObserveOp("ScatterTokens", 1e-4, 2);
+        metrics.ObserveOp("ScatterTokens", "cpu", 1e-4, 2);
       }
     });
   }
@@ -190,7 +217,9 @@ TEST(ServiceMetricsTest, ConcurrentObservationsAreAllCounted) {
             kThreads / 2 * kPerThread);
   EXPECT_EQ(Value(text, "tokensel_bytes_moved_total{op=\"ScatterTokens\"}"),
             2.0 * kThreads * kPerThread);
-  EXPECT_EQ(Value(text, "tokensel_op_duration_seconds_count{backend=\"cpu\",op=\"ScatterTokens\"}"),
+  EXPECT_EQ(Value(text,
+                  "tokensel_op_duration_seconds_count{backend=\"cpu\",device=\"cpu\",op="
+                  "\"ScatterTokens\"}"),
             kThreads * kPerThread);
 }
 

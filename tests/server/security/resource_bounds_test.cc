@@ -38,7 +38,9 @@ TEST_F(SecurityTest, AnExecuteWhoseResponseCannotFitIsRefusedBeforeRunning) {
               StatusIs(absl::StatusCode::kResourceExhausted, "limit of one response"));
   // Refused before running: no op reached the backend (an event count, not
   // a time bound that a loaded sanitizer run could exceed).
-  EXPECT_EQ(Metric("tokensel_op_duration_seconds_count{backend=\"cpu\",op=\"SegmentSeqlens\"}"), 0)
+  EXPECT_EQ(Metric("tokensel_op_duration_seconds_count{backend=\"cpu\",device=\"cpu\",op="
+                   "\"SegmentSeqlens\"}"),
+            0)
       << "an op of the refused Execute ran";
   EXPECT_LT(PeakRssKiB(), 512 * 1024) << "the server built the response anyway";
   ExpectServing();
