@@ -14,7 +14,11 @@
 // cudaErrorLaunchFailure, cudaErrorTensorMemoryLeak, cudaErrorContained,
 // cudaErrorMpsClientTerminated, cudaErrorExternalDevice. Added:
 // cudaErrorECCUncorrectable (the data on the device is lost and the GPU needs
-// a reset; the documentation does not say "sticky", the driver behaves so).
+// a reset; the documentation does not say "sticky", the driver behaves so),
+// cudaErrorNvlinkUncorrectable (the same class, on the link) and
+// cudaErrorUnknown (what a GPU that fell off the bus tends to return). A
+// false positive costs a restart; a false negative leaves a dead device
+// answering INTERNAL forever (from the CUDA review).
 // Not sticky: everything else, in particular cudaErrorMemoryAllocation and the
 // launch configuration errors (cudaErrorInvalidConfiguration,
 // cudaErrorLaunchOutOfResources, cudaErrorInvalidValue): the context survives
@@ -42,6 +46,8 @@ constexpr bool IsStickyError(cudaError_t err) {
     case cudaErrorMpsClientTerminated:
     case cudaErrorExternalDevice:
     case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorUnknown:
       return true;
     default:
       return false;

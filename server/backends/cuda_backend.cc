@@ -44,6 +44,7 @@ class DeviceStaging final : public core::Backend::Staging {
   }
   void* data() const override { return data_; }
   uint64_t size() const override { return size_; }
+  int ordinal() const { return ordinal_; }
 
  private:
   int ordinal_;
@@ -140,6 +141,11 @@ absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) 
     NoteError(err, "cudaSetDevice");
     return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
   }
+  // The runtime's last error is per host thread, not per device: a worker
+  // thread that last ran a faulting op on another device still holds that
+  // error, and the first launch check of this op would report it as ours.
+  // Not ours to classify either: that device's op already did.
+  (void)cudaGetLastError();
   Lease lease;
   {
     absl::MutexLock lock(&mu_);
@@ -243,8 +249,11 @@ absl::Status CudaBackend::RunTyped(const Args& args) {
     // sticky error: then this device is out of service (NoteError). An OK
     // Finish synchronized the stream without error, so no fault happened on
     // it; a fault of a concurrent op is caught by that op.
-    NoteError(cudaStreamSynchronize(lease.stream), "an op's stream");
-    NoteError(cudaPeekAtLastError(), "an op's launches");
+    // Only the stream's own status is this device's: the thread's last error
+    // was consumed by the launch checks (or is stale, see Acquire).
+    const cudaError_t drained = cudaStreamSynchronize(lease.stream);
+    (void)cudaGetLastError();
+    NoteError(drained, "an op's stream");
     st = WithFailure(std::move(st));
   }
   Release(lease);
@@ -281,11 +290,27 @@ absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateSta
         absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
   }
   auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes);
-  if (const cudaError_t set = cudaMemset(p, 0, bytes == 0 ? 1 : bytes); set != cudaSuccess) {
+  // cudaMemset of device memory is asynchronous and runs on the legacy
+  // stream, which the ops' non-blocking streams do not wait for: without the
+  // synchronization the zero fill could land after the kernel wrote the
+  // output (issue 12 item 2; the pinned, stream-ordered staging is still to
+  // come).
+  cudaError_t set = cudaMemset(p, 0, bytes == 0 ? 1 : bytes);
+  if (set == cudaSuccess) set = cudaStreamSynchronize(cudaStreamLegacy);
+  if (set != cudaSuccess) {
     NoteError(set, "cudaMemset of staging");
     return WithFailure(kc::CudaError(set, "cudaMemset", __FILE__, __LINE__));
   }
   return staging;
+}
+
+absl::Status CudaBackend::CheckOwn(const Staging& staging) const {
+  const auto* own = dynamic_cast<const DeviceStaging*>(&staging);
+  if (own == nullptr || own->ordinal() != device_.ordinal) {
+    return absl::InternalError(
+        absl::StrCat("cuda backend: staging of another device used on ", device_label()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) {
@@ -293,10 +318,15 @@ absl::Status CudaBackend::CopyToStaging(const Staging& dst, const void* src, uin
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: copy of ", bytes, " bytes into staging of ", dst.size()));
   }
+  RETURN_IF_ERROR(CheckOwn(dst));
   RETURN_IF_ERROR(CheckUsable());
   cudaError_t err = cudaSetDevice(device_.ordinal);
   if (err == cudaSuccess && bytes > 0) {
+    // From pageable memory cudaMemcpy may return once the source is staged
+    // by the driver, before the DMA to the device lands; the op's
+    // non-blocking stream does not wait for the legacy stream: synchronize.
     err = cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
   }
   if (err != cudaSuccess) {
     NoteError(err, "a copy to staging");
@@ -310,6 +340,7 @@ absl::Status CudaBackend::CopyFromStaging(void* dst, const Staging& src, uint64_
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: copy of ", bytes, " bytes from staging of ", src.size()));
   }
+  RETURN_IF_ERROR(CheckOwn(src));
   RETURN_IF_ERROR(CheckUsable());
   cudaError_t err = cudaSetDevice(device_.ordinal);
   if (err == cudaSuccess && bytes > 0) {

@@ -122,6 +122,8 @@ class CudaBackend final : public core::Backend {
   bool NoteError(int err, absl::string_view where);
   // UNAVAILABLE once failed, else OK: checked before touching the device.
   absl::Status CheckUsable() const;
+  // INTERNAL unless `staging` was allocated by this backend (its device).
+  absl::Status CheckOwn(const Staging& staging) const;
   // `status` (an op's INTERNAL) with a note that the device is now out of
   // service, when NoteError marked it failed.
   absl::Status WithFailure(absl::Status status) const;

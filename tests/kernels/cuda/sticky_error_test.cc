@@ -15,7 +15,7 @@ TEST(StickyErrorTest, KernelFaultsAreSticky) {
         cudaErrorIllegalInstruction, cudaErrorMisalignedAddress, cudaErrorInvalidAddressSpace,
         cudaErrorInvalidPc, cudaErrorAssert, cudaErrorLaunchTimeout, cudaErrorTensorMemoryLeak,
         cudaErrorContained, cudaErrorMpsClientTerminated, cudaErrorExternalDevice,
-        cudaErrorECCUncorrectable}) {
+        cudaErrorECCUncorrectable, cudaErrorNvlinkUncorrectable, cudaErrorUnknown}) {
     EXPECT_TRUE(IsStickyError(err)) << cudaGetErrorName(err);
   }
 }

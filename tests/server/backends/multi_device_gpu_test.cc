@@ -54,6 +54,8 @@ class DeviceMemoryMapper : public core::RegionMapper {
     EXPECT_EQ(cudaSetDevice(ordinal), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&a.data, a.bytes), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(a.data, host.data(), a.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    // The ops run on non-blocking streams, which do not wait for this copy.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     allocations_[name] = a;
     return a.data;
   }
