@@ -44,6 +44,7 @@
 #include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/sample_keys.cuh"
 #include "kernels/cuda/select.cuh"
 #include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
@@ -60,21 +61,6 @@ constexpr int kPackedThreads = 256;
 constexpr int kPackedItems = 2;  // one Philox draw = one position pair
 constexpr int kScanItems = 4;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-// ~k(s) for the pair of positions starting at `first` (even) of sequence i in
-// layer l: SampleTokens' keys of row (l, b = i).
-struct PackedKeyFn {
-  Philox4x32Key key;
-  int64_t l;
-  int64_t i;
-  uint64_t step;
-
-  __device__ __forceinline__ void operator()(int64_t first, uint64_t* keys) const {
-    const Philox4x32Counter out = Philox4x32_10(SampleCounter(first >> 1, l, i, step), key);
-    keys[0] = ~SampleKeyHalf(out, 0);
-    keys[1] = ~SampleKeyHalf(out, 1);
-  }
-};
 
 struct KeepRule {
   int64_t num, den, min_tokens;
@@ -161,7 +147,7 @@ __global__ void __launch_bounds__(kPackedThreads)
     const int64_t len = int64_t{cu[i + 1]} - first;
     const int64_t base = kept[i];
     const int64_t r = kept[i + 1] - base;
-    const PackedKeyFn key_of{SampleKey(seed), l, i, step};
+    const SampleKeyFn key_of{SampleKey(seed), l, i, step};
     const BlockThreshold<uint64_t> t =
         BlockSelectThreshold<uint64_t, kPackedThreads, kPackedItems>(key_of, len, r, sh);
     const int64_t id_row = l * o.ids.strides[0];

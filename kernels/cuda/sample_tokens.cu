@@ -33,6 +33,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/sample_keys.cuh"
 #include "kernels/cuda/select.cuh"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/workspace_layout.h"
@@ -47,20 +48,6 @@ constexpr int kSampleThreads = 256;
 constexpr int kSampleItems = 2;  // one Philox draw = one position pair
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
 
-// ~k(s) for the pair of positions starting at `first` (even) of row (l, b).
-struct PhiloxKeyFn {
-  Philox4x32Key key;
-  int64_t l;
-  int64_t b;
-  uint64_t step;
-
-  __device__ __forceinline__ void operator()(int64_t first, uint64_t* keys) const {
-    const Philox4x32Counter out = Philox4x32_10(SampleCounter(first >> 1, l, b, step), key);
-    keys[0] = ~SampleKeyHalf(out, 0);
-    keys[1] = ~SampleKeyHalf(out, 1);
-  }
-};
-
 template <bool kInverse>
 __global__ void __launch_bounds__(kSampleThreads)
     SampleKernel(TensorView ids, TensorView inverse, int64_t batch, int64_t s, int64_t r,
@@ -72,7 +59,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     int64_t l;
     const int64_t b = DivMod(row, batch, &l);
-    const PhiloxKeyFn key_of{SampleKey(seed), l, b, step};
+    const SampleKeyFn key_of{SampleKey(seed), l, b, step};
     const BlockThreshold<uint64_t> t =
         BlockSelectThreshold<uint64_t, kSampleThreads, kSampleItems>(key_of, s, r, sh);
     const int64_t id_row = l * ids.strides[0] + b * ids.strides[1];
