@@ -98,7 +98,10 @@ uint64_t SamplePackedTokensOp::EstimateWork(const Request& req) {
   // Per layer: every token (keys, selection) and every sequence (a task,
   // also when empty: N is not bounded by T, and a broadcast cu_seqlens of N
   // zeros costs 4 bytes).
-  const int64_t sequences = req.cu_seqlens.shape.size() == 1 ? req.cu_seqlens.shape[0] - 1 : 0;
+  // Any int64 may come in (metadata is not validated yet): no overflow.
+  const int64_t sequences = req.cu_seqlens.shape.size() == 1 && req.cu_seqlens.shape[0] > 0
+                                ? req.cu_seqlens.shape[0] - 1
+                                : 0;
   const uint64_t per_layer =
       std::max<uint64_t>({NonNegative(total), NonNegative(sequences), uint64_t{1}});
   sum.AddScalar(SaturatingMul(NonNegative(req.layers), per_layer));
