@@ -92,9 +92,7 @@ uint64_t SamplePackedTokensOp::EstimateWork(const Request& req) {
   ops_support::WorkSum sum;
   sum.Add(req.cu_seqlens);
   sum.AddAll(req.activations, req.cu_seqlens_kept, req.ids, req.positions, req.inverse, req.out);
-  const int64_t total = req.total_tokens.value_or(
-      req.activations.has_value() && !req.activations->shape.empty() ? req.activations->shape[0]
-                                                                     : 0);
+  const int64_t total = PackedTotalTokens(req).value_or(0);  // absent: Resolve reports it
   // Per layer: every token (keys, selection) and every sequence (a task,
   // also when empty: N is not bounded by T, and a broadcast cu_seqlens of N
   // zeros costs 4 bytes).
