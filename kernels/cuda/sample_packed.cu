@@ -81,7 +81,10 @@ __global__ void __launch_bounds__(kPackedThreads)
     }
     const int64_t len = int64_t{cu[i + 1]} - cu[i];
     if (len < 0) SetInvalid(ws, i + 1);
-    kept[i + 1] = len < 0 ? 0 : PackedKeep(len, rule.num, rule.den, rule.min_tokens);
+    // Invalid lengths count 0: the prefix sums of bad data stay in range
+    // (the status word is set by then; nothing reads them but the scan).
+    kept[i + 1] =
+        len < 0 || len > total_tokens ? 0 : PackedKeep(len, rule.num, rule.den, rule.min_tokens);
   }
 }
 
