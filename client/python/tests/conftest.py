@@ -35,7 +35,7 @@ except ImportError:  # the package works without it; its tests skip (see below)
 NO_TORCH = os.environ.get("TOKENSEL_PYCLIENT_NO_TORCH") == "1"
 # The modules that import torch at the top (test_torch_*: tokensel.torch).
 TORCH_MODULES = ["test_ops_torch.py", "test_ltd_reference.py", "test_torch_functions.py",
-                 "test_torch_ltd.py", "test_example_random_ltd_gpt.py"]
+                 "test_torch_ltd.py", "test_torch_packed.py", "test_example_random_ltd_gpt.py"]
 collect_ignore = TORCH_MODULES if NO_TORCH else []
 TORCH_REASON = "torch is not installed (pip install 'tokensel[torch]')"
 

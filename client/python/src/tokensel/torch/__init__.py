@@ -8,6 +8,9 @@
 - RandomLayerTokenDrop, RandomLTD, FixedLinearSchedule, convert_to_random_ltd:
   DeepSpeed's Random-LTD with ids reproducible from (seed, step) and the kept
   tokens' positions available to the layer.
+- PackedRandomLayerTokenDrop, PackedRandomLTD: the same for packed (THD)
+  batches, [T, ...] hidden states with cu_seqlens; the layer gets the kept
+  tokens' cu_seqlens, positions and longest sequence.
 - Arena: shared-memory tensors reused across steps, so that activations and
   gradients go to the server by reference, not inline.
 """
@@ -17,9 +20,11 @@ from tokensel.torch.functions import (GatherTokens, MergeTokens, Ops, gather_tok
                                       merge_tokens_reference)
 from tokensel.torch.ltd import (FixedLinearSchedule, RandomLayerTokenDrop, RandomLTD,
                                 convert_to_random_ltd, remove_random_ltd_state_dict)
+from tokensel.torch.packed import PackedRandomLayerTokenDrop, PackedRandomLTD
 
 __all__ = [
     "Arena", "ArenaStats", "GatherTokens", "MergeTokens", "Ops", "gather_tokens",
     "gather_tokens_reference", "merge_tokens", "merge_tokens_reference", "FixedLinearSchedule",
     "RandomLayerTokenDrop", "RandomLTD", "convert_to_random_ltd", "remove_random_ltd_state_dict",
+    "PackedRandomLayerTokenDrop", "PackedRandomLTD",
 ]

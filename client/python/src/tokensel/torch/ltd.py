@@ -130,6 +130,9 @@ class RandomLTD:
         self.samples = 0  # SampleTokens calls made (each covers all layers)
         self._state = None  # (key, ids [L,B,R], masks)
 
+    def wrap(self, layer, ltd_layer_id):
+        return RandomLayerTokenDrop(layer, self, ltd_layer_id)
+
     def update(self, global_step, sample_step=None):
         """Start of a training step: the schedule's R for `global_step`, and
         the step the ids are drawn from (`sample_step`, default global_step).
@@ -228,7 +231,8 @@ class RandomLayerTokenDrop(nn.Module):
 
 def convert_to_random_ltd(model, layer_class, ltd, *, layer_ids=None):
     """Wraps instances of `layer_class` in `model` (in module order) in
-    RandomLayerTokenDrop: those at positions `layer_ids` among them (e.g. the
+    RandomLayerTokenDrop (PackedRandomLayerTokenDrop when `ltd` is a
+    tokensel.torch.PackedRandomLTD): those at positions `layer_ids` among them (e.g. the
     transformer layer numbers), or all. They become Random-LTD layers 0..L-1
     of `ltd` (ltd.num_layers = L). Returns `model` (changed in place)."""
     found = [(parent, name, child) for parent in model.modules()
@@ -244,7 +248,7 @@ def convert_to_random_ltd(model, layer_class, ltd, *, layer_ids=None):
                              % (bad, len(found), layer_class.__name__))
         chosen = [found[i] for i in layer_ids]
     for k, (parent, name, child) in enumerate(chosen):
-        setattr(parent, name, RandomLayerTokenDrop(child, ltd, k))
+        setattr(parent, name, ltd.wrap(child, k))
     ltd.num_layers = len(chosen)
     return model
 
