@@ -30,7 +30,7 @@
 
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_FLAG(std::string, op, "gather",
-          "op to run: ping gather scatter sort seqlens topk sample merge split");
+          "op to run: ping gather scatter sort seqlens topk sample merge split packed");
 ABSL_FLAG(std::string, mix, "", "weighted op mix, e.g. gather:3,sort:1 (overrides --op)");
 ABSL_FLAG(int64_t, channels, 768, "C, channels per token (gather, scatter)");
 ABSL_FLAG(std::string, dtype, "float16", "activation dtype (gather, scatter)");

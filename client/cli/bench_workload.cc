@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cli/op_util.h"
 #include "common/status_macros.h"
+#include "kernels/sample_math.h"
 #include "tokensel/client/tensor_ref.h"
 
 namespace tokensel::cli {
@@ -19,7 +20,7 @@ namespace {
 using kernels::DType;
 
 constexpr absl::string_view kOpNames[kNumBenchOps] = {
-    "ping", "gather", "scatter", "sort", "seqlens", "topk", "sample", "merge", "split"};
+    "ping", "gather", "scatter", "sort", "seqlens", "topk", "sample", "merge", "split", "packed"};
 
 // Lays tensors out in a future shm region (by reference) or inlines them.
 class TensorBuilder {
@@ -107,8 +108,9 @@ absl::StatusOr<BenchOp> ParseBenchOp(absl::string_view name) {
   for (int i = 0; i < kNumBenchOps; ++i) {
     if (kOpNames[i] == name) return static_cast<BenchOp>(i);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown op '", name, "' (ops: ping gather scatter sort seqlens topk sample merge split)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown op '", name,
+                   "' (ops: ping gather scatter sort seqlens topk sample merge split packed)"));
 }
 
 absl::StatusOr<std::vector<BenchOp>> ParseMix(absl::string_view mix) {
@@ -249,6 +251,37 @@ absl::StatusOr<std::unique_ptr<Workload>> Workload::Create(const std::vector<Ben
     *s.mutable_ids() = tb.Output(DType::kInt32, {L, B, R});
     w->bytes_[static_cast<int>(BenchOp::kSample)] = L * B * R * 4;
   }
+  if (has(BenchOp::kPacked)) {
+    // B*NS sequences with random boundaries over T = B*S tokens (no padding).
+    const int64_t T = B * S, N = B * NS;
+    std::vector<int32_t> cu(static_cast<size_t>(N + 1), 0);
+    if (N > 1) {
+      const std::vector<int32_t> cuts = DistinctRows(1, N - 1, T - 1, true, rng);
+      for (int64_t i = 1; i < N; ++i)
+        cu[static_cast<size_t>(i)] = cuts[static_cast<size_t>(i - 1)] + 1;
+    }
+    cu[static_cast<size_t>(N)] = static_cast<int32_t>(T);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      kept +=
+          kernels::PackedKeep(cu[static_cast<size_t>(i + 1)] - cu[static_cast<size_t>(i)], R, S, 0);
+    }
+    auto& p = w->packed_;
+    *p.mutable_cu_seqlens() = tb.Input(DType::kInt32, {N + 1}, Bytes(cu));
+    *p.mutable_activations() = tb.Input(sh.dtype, {T, C}, RandomBytes(T * C * es, rng));
+    p.set_total_tokens(T);
+    p.set_kept_tokens(kept);
+    p.set_keep_num(R);
+    p.set_keep_den(S);
+    p.set_layers(1);
+    p.set_seed(seed);
+    p.set_step(static_cast<uint64_t>(worker));
+    *p.mutable_cu_seqlens_kept() = tb.Output(DType::kInt32, {N + 1});
+    *p.mutable_ids() = tb.Output(DType::kInt32, {1, kept});
+    *p.mutable_positions() = tb.Output(DType::kInt32, {1, kept});
+    *p.mutable_out() = tb.Output(sh.dtype, {kept, C});
+    w->bytes_[static_cast<int>(BenchOp::kPacked)] = 8 * (N + 1) + 8 * kept + 2 * kept * C * es;
+  }
   if (by_reference) {
     if (session == nullptr) return absl::InvalidArgumentError("by reference needs a session");
     ASSIGN_OR_RETURN(client::SharedRegion region,
@@ -289,6 +322,9 @@ absl::Status Workload::Run(BenchOp op, const client::Client& client) const {
       break;
     case BenchOp::kSplit:
       resp = client.SplitTokens(split_);
+      break;
+    case BenchOp::kPacked:
+      resp = client.SamplePackedTokens(packed_);
       break;
   }
   if (!resp.ok()) return resp.status();

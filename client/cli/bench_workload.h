@@ -5,7 +5,10 @@
 // Shapes (BenchShapes): gather/scatter act [B,S,C] dtype, indices [B,R];
 // sort ids [L,B,R] int32 (out separate, so every call sorts unsorted rows);
 // seqlens segment ids [B,S] with NS segments, causal, packed; topk float32
-// scores [B,S] -> [B,R]; sample [L,B,R] from S; ping: the null RPC.
+// scores [B,S] -> [B,R]; sample [L,B,R] from S; packed: SamplePackedTokens
+// on a pack of T = B*S tokens in B*NS sequences of random lengths, keep
+// R/S, with the fused gather of the kept rows of [T,C] dtype into [T',C]
+// (and cu_seqlens_kept, ids, positions); ping: the null RPC.
 //
 // bytes(): the tensor bytes one call reads plus writes (what bytes/s counts).
 #ifndef TOKENSEL_CLIENT_CLI_BENCH_WORKLOAD_H_
@@ -28,8 +31,19 @@
 
 namespace tokensel::cli {
 
-enum class BenchOp { kPing, kGather, kScatter, kSort, kSeqlens, kTopK, kSample, kMerge, kSplit };
-inline constexpr int kNumBenchOps = 9;
+enum class BenchOp {
+  kPing,
+  kGather,
+  kScatter,
+  kSort,
+  kSeqlens,
+  kTopK,
+  kSample,
+  kMerge,
+  kSplit,
+  kPacked
+};
+inline constexpr int kNumBenchOps = 10;
 
 absl::string_view BenchOpName(BenchOp op);
 absl::StatusOr<BenchOp> ParseBenchOp(absl::string_view name);
@@ -77,6 +91,7 @@ class Workload {
   v1::SampleTokensRequest sample_;
   v1::MergeTokensRequest merge_;
   v1::SplitTokensRequest split_;
+  v1::SamplePackedTokensRequest packed_;
   int64_t bytes_[kNumBenchOps] = {};
 };
 

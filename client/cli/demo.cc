@@ -61,7 +61,8 @@ absl::Status Demo() {
       "models: BERT-style (bert_mask) and GPT-style (gpt_mask), %lld layers, B=%lld S=%lld "
       "C=%lld float16 in shared memory, %lld step(s), seed %llu\n"
       "retained tokens per layer: %s\n"
-      "thd batch: B=%lld T=%lld, 1..%lld segments per row, SegmentSeqlens causal packed\n",
+      "thd batch: B=%lld T=%lld, 1..%lld segments per row, SegmentSeqlens causal packed; "
+      "packed Random-LTD layer (SamplePackedTokens keep 1/2) on its cu_seqlens\n",
       static_cast<long long>(shapes.layers), static_cast<long long>(shapes.batch),
       static_cast<long long>(shapes.seq), static_cast<long long>(shapes.channels),
       static_cast<long long>(steps), static_cast<unsigned long long>(seed),
@@ -70,7 +71,7 @@ absl::Status Demo() {
   for (int64_t step = 0; step < steps; ++step) {
     RETURN_IF_ERROR(worker->ModelStep(/*gpt=*/false, static_cast<uint64_t>(step)));
     RETURN_IF_ERROR(worker->ModelStep(/*gpt=*/true, static_cast<uint64_t>(step)));
-    RETURN_IF_ERROR(worker->ThdBatch());
+    RETURN_IF_ERROR(worker->ThdBatch(static_cast<uint64_t>(step)));
     std::printf("step %lld: bert %lld layers ok, gpt %lld layers ok, thd ok\n",
                 static_cast<long long>(step), static_cast<long long>(shapes.layers),
                 static_cast<long long>(shapes.layers));
@@ -109,7 +110,9 @@ const Command kDemoCommand = {
     "R_l = S - l*(S/2)/(L-1) rounded to a multiple of 16: 100% -> 50%), each layer\n"
     "= Execute[SampleTokens + mask, GatherTokens], a stand-in layer (+1 on every\n"
     "gathered element), Execute[ScatterTokens]; then SegmentSeqlens (packed) of a\n"
-    "THD batch (B=4, T=4096). Every result is compared with kernels::cpu on a copy.\n"
+    "THD batch (B=4, T=4096) and a packed Random-LTD layer on its cu_seqlens:\n"
+    "Execute[SamplePackedTokens keep 1/2 + fused gather], the stand-in layer,\n"
+    "Execute[ScatterTokens]. Every result is compared with kernels::cpu on a copy.\n"
     "Prints per-round-trip latency (count, p50, p99) and the metrics URL; exit 1 if\n"
     "any check fails.\n"
     "  tokensel demo\n"

@@ -12,14 +12,14 @@
 #include "tokensel/client/tensor_ref.h"
 
 namespace tokensel::cli {
-namespace {
+namespace demo_internal {
 
 using kernels::DType;
 using kernels::TensorView;
-constexpr char kBuffer[] = "demo-arena";
 
 // IEEE binary16 <-> binary32 (round to nearest even); the stand-in layer's
 // arithmetic, identical for the shm data and the oracle copy.
+namespace {
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1f;
@@ -38,6 +38,7 @@ float HalfToFloat(uint16_t h) {
   std::memcpy(&f, &bits, sizeof(bits));
   return f;
 }
+}  // namespace
 
 uint16_t FloatToHalf(float f) {
   uint32_t x;
@@ -54,7 +55,6 @@ uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>((rounded - 0x38000000) >> 13);
 }
 
-// The stand-in transformer layer: x += 1 for every element of `rows`.
 void AddOne(const TensorView& rows) {
   const int64_t n = rows.NumElements();
   for (int64_t i = 0; i < n; ++i) {
@@ -73,7 +73,14 @@ v1::Tensor Ref(uint64_t offset, DType dtype, std::vector<int64_t> shape) {
       .ToProto();
 }
 
-}  // namespace
+}  // namespace demo_internal
+
+using demo_internal::AddOne;
+using demo_internal::FloatToHalf;
+using demo_internal::kBuffer;
+using demo_internal::Ref;
+using kernels::DType;
+using kernels::TensorView;
 
 int64_t RetainedTokens(int64_t layer, int64_t layers, int64_t seq) {
   if (layers <= 1) return seq;
@@ -108,6 +115,13 @@ absl::StatusOr<std::unique_ptr<DemoWorker>> DemoWorker::Create(client::Session* 
   place("q_packed_seqlens", TB * NS * 4);
   place("q_packed_offsets", TB * (NS + 1) * 4);
   place("q_cu_seqlens", (TB * NS + 1) * 4);
+  // The packed layer: T' <= TB*T.
+  const int64_t TC = sh.thd_channels;
+  place("thd_act", TB * T * TC * 2);
+  place("thd_kept", TB * T * TC * 2);
+  place("thd_ids", TB * T * 4);
+  place("thd_positions", TB * T * 4);
+  place("thd_cu_kept", (TB * NS + 1) * 4);
   ASSIGN_OR_RETURN(
       client::SharedRegion region,
       client::SharedRegion::CreateSealed(client::SharedRegion::UniqueName("", "demo"), used));
@@ -117,10 +131,13 @@ absl::StatusOr<std::unique_ptr<DemoWorker>> DemoWorker::Create(client::Session* 
   // Activations: fp16 values in [-2, 2); masks: BERT = key padding (each
   // row b attends to its first len_b tokens), GPT = causal.
   std::uniform_real_distribution<float> value(-2.0f, 2.0f);
-  uint8_t* act = base + w->Offset("activations");
-  for (int64_t i = 0; i < B * S * C; ++i) {
-    const uint16_t h = FloatToHalf(value(w->rng_));
-    std::memcpy(act + 2 * i, &h, 2);
+  for (const auto& [slot, n] :
+       {std::pair<const char*, int64_t>{"activations", B * S * C}, {"thd_act", TB * T * TC}}) {
+    uint8_t* act = base + w->Offset(slot);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = FloatToHalf(value(w->rng_));
+      std::memcpy(act + 2 * i, &h, 2);
+    }
   }
   uint8_t* bert = base + w->Offset("bert_mask_in");
   uint8_t* gpt = base + w->Offset("gpt_mask_in");
@@ -269,7 +286,7 @@ absl::Status DemoWorker::ModelStep(bool gpt, uint64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status DemoWorker::ThdBatch() {
+absl::Status DemoWorker::ThdBatch(uint64_t step) {
   const int64_t B = shapes_.thd_batch, T = shapes_.thd_tokens, NS = shapes_.thd_segments;
   // Each row: k in [1, NS] segments of random lengths covering the first
   // `used` tokens, then padding (id 0).
@@ -322,7 +339,8 @@ absl::Status DemoWorker::ThdBatch() {
                                    View(true, "q_packed_offsets", DType::kInt32, {B * (NS + 1)}),
                                    View(true, "q_cu_seqlens", DType::kInt32, {B * NS + 1})}};
   RETURN_IF_ERROR(kernels::cpu::SegmentSeqlens(args, nullptr));
-  return Check("thd SegmentSeqlens");
+  RETURN_IF_ERROR(Check("thd SegmentSeqlens"));
+  return PackedLayer(step);
 }
 
 }  // namespace tokensel::cli

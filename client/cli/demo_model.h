@@ -14,7 +14,14 @@
 // multiple of 16 (clamped to [16, S]): 100% of the tokens at layer 0, 50% at
 // the last (S=512, L=12: 512 496 464 448 416 400 368 352 320 304 272 256).
 // THD: SegmentSeqlens (causal, packed) of B=4 rows of T=4096 tokens with
-// 1..64 random segments and trailing padding.
+// 1..64 random segments and trailing padding; then a packed Random-LTD
+// layer on a [B*T, 128] fp16 hidden state laid out by its q_cu_seqlens
+// (demo_packed.cc):
+//   Execute #1 "thd layer in":  SamplePackedTokens(keep 1/2, min 1 token,
+//                               cu_seqlens = q_cu_seqlens) with the fused
+//                               gather of the kept rows
+//   stand-in layer:             +1.0 on every kept element
+//   Execute #2 "thd layer out": ScatterTokens of the kept rows back
 //
 // After every round trip the whole arena is compared with the oracle's; a
 // difference is INTERNAL naming the tensor and the first differing byte.
@@ -48,6 +55,7 @@ struct DemoShapes {
   int64_t thd_batch = 4;
   int64_t thd_tokens = 4096;
   int64_t thd_segments = 64;
+  int64_t thd_channels = 128;  // the packed layer's hidden size
 };
 
 // R_l of the schedule above.
@@ -64,7 +72,8 @@ class DemoWorker {
 
   // One step of every layer; `gpt` picks the decoder flavour.
   absl::Status ModelStep(bool gpt, uint64_t step);
-  absl::Status ThdBatch();
+  // SegmentSeqlens, then PackedLayer(step) on its cu_seqlens.
+  absl::Status ThdBatch(uint64_t step);
 
   // Round-trip latencies (us) by row name, in first-use order.
   const std::vector<std::pair<std::string, LatencyStats>>& latencies() const { return latencies_; }
@@ -86,6 +95,7 @@ class DemoWorker {
   LatencyStats& Stats(const std::string& name);
   // Runs `request` through Execute, timing it under `row`.
   absl::Status Execute(const std::string& row, const v1::ExecuteRequest& request);
+  absl::Status PackedLayer(uint64_t step);  // demo_packed.cc
 
   client::Session* session_ = nullptr;
 
@@ -98,6 +108,16 @@ class DemoWorker {
   std::vector<std::pair<std::string, LatencyStats>> latencies_;
   int64_t checks_ = 0;
 };
+
+// Shared by demo_model.cc and demo_packed.cc.
+namespace demo_internal {
+inline constexpr char kBuffer[] = "demo-arena";
+// A view of the arena buffer in a request.
+v1::Tensor Ref(uint64_t offset, kernels::DType dtype, std::vector<int64_t> shape);
+// The stand-in layer: +1.0 on every fp16 element of `rows`.
+void AddOne(const kernels::TensorView& rows);
+uint16_t FloatToHalf(float f);
+}  // namespace demo_internal
 
 }  // namespace tokensel::cli
 

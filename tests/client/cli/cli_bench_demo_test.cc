@@ -13,29 +13,29 @@ const Fields& Obj(const google::protobuf::Value& v, const std::string& key) {
 }
 
 TEST_F(CliServerTest, BenchMixByReferenceJson) {
-  CliResult r = Run("bench", {"--mix=gather:2,sort,seqlens,topk,sample,scatter,merge,split",
-                              "--requests=90", "--concurrency=2", "--batch=2",
+  CliResult r = Run("bench", {"--mix=gather:2,sort,seqlens,topk,sample,scatter,merge,split,packed",
+                              "--requests=100", "--concurrency=2", "--batch=2",
                               "--original_tokens=64", "--channels=32", "--json", "--baseline"});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   auto v = ParseJson(r.out);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(Obj(*v, "config").at("by_reference").bool_value());  // unix socket default
   const Fields& total = Obj(*v, "total");
-  EXPECT_EQ(total.at("count").number_value(), 90);
+  EXPECT_EQ(total.at("count").number_value(), 100);
   EXPECT_EQ(total.at("error_count").number_value(), 0);
   EXPECT_GT(total.at("ops_per_s").number_value(), 0);
   EXPECT_GT(total.at("bytes_per_s").number_value(), 0);
   EXPECT_LE(total.at("p50_us").number_value(), total.at("p99_us").number_value());
   const Fields& ops = Obj(*v, "ops");
   for (const char* op :
-       {"gather", "sort", "seqlens", "topk", "sample", "scatter", "merge", "split"}) {
+       {"gather", "sort", "seqlens", "topk", "sample", "scatter", "merge", "split", "packed"}) {
     ASSERT_TRUE(ops.contains(op)) << op;
     EXPECT_EQ(ops.at(op).struct_value().fields().at("count").number_value(),
               op == std::string("gather") ? 20 : 10)
         << op;
   }
   const Fields& baseline = Obj(*v, "baseline");
-  EXPECT_EQ(baseline.at("ping").struct_value().fields().at("count").number_value(), 90);
+  EXPECT_EQ(baseline.at("ping").struct_value().fields().at("count").number_value(), 100);
   EXPECT_GT(baseline.at("ratio_p50").struct_value().fields().at("gather").number_value(), 0);
 }
 
@@ -66,7 +66,9 @@ TEST_F(CliServerTest, DemoAgainstServer) {
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   EXPECT_THAT(r.out, HasSubstr("retained tokens per layer: 512 256"));
   EXPECT_THAT(r.out, HasSubstr("bert layer in: Sample+Gather"));
-  EXPECT_THAT(r.out, HasSubstr("all 9 checks against the CPU oracle passed"));
+  EXPECT_THAT(r.out, HasSubstr("thd layer in: SamplePacked+Gather"));
+  // 2 models x 2 layers x 2 checks + SegmentSeqlens + the packed layer's 2.
+  EXPECT_THAT(r.out, HasSubstr("all 11 checks against the CPU oracle passed"));
 }
 
 TEST(CliDemoTest, DemoStartsItsOwnServer) {
@@ -76,11 +78,12 @@ TEST(CliDemoTest, DemoStartsItsOwnServer) {
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   EXPECT_THAT(r.out, HasSubstr("retained tokens per layer: 512 384 256"));
   for (const char* row : {"bert layer in: Sample+Gather", "gpt layer in: Sample+Gather",
-                          "layer out: Scatter", "thd: SegmentSeqlens packed"}) {
+                          "layer out: Scatter", "thd: SegmentSeqlens packed",
+                          "thd layer in: SamplePacked+Gather", "thd layer out: Scatter"}) {
     EXPECT_THAT(r.out, HasSubstr(row));
   }
-  // 2 steps x (2 models x 3 layers x 2 checks + 1 thd) = 26.
-  EXPECT_THAT(r.out, HasSubstr("all 26 checks against the CPU oracle passed"));
+  // 2 steps x (2 models x 3 layers x 2 checks + 1 thd + 2 packed layer) = 30.
+  EXPECT_THAT(r.out, HasSubstr("all 30 checks against the CPU oracle passed"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("metrics: http://127\\.0\\.0\\.1:[0-9]+/metrics"));
 }
 
