@@ -86,37 +86,41 @@ absl::Status SamplePackedTokens(const SamplePackedTokensArgs& args, ThreadPool* 
   const TensorView out = gather ? *args.out : TensorView{};
   const int64_t act_row = act.strides[0] * act.elem_size();  // bytes
   const int64_t out_row = out.strides[0] * out.elem_size();
-  ParallelFor(pool, tasks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> picked(static_cast<size_t>(max_keep) + 1);
-    SampleRowScratch scratch;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t l = task / N, i = task % N;
-      const int64_t first = cu[i], n = int64_t{cu[i + 1]} - cu[i], r = kept[i + 1] - kept[i];
-      if (!SampleRow(key, static_cast<uint32_t>(l), static_cast<uint32_t>(i), step, n, r, scratch,
-                     picked.data(), nullptr, 0)) {
-        return;
-      }
-      const int64_t base = kept[i];
-      for (int64_t k = 0; k < r; ++k) {
-        StoreInt32(args.ids, l, base + k, static_cast<int32_t>(first + picked[k]));
-        if (args.positions) StoreInt32(*args.positions, l, base + k, picked[k]);
-      }
-      if (inverse) {
-        for (int64_t s = 0; s < n; ++s) StoreInt32(*inverse, l, first + s, -1);
-        for (int64_t k = 0; k < r; ++k) {
-          StoreInt32(*inverse, l, first + picked[k], static_cast<int32_t>(base + k));
-        }
-      }
-      if (gather && r > 0) {
-        DispatchRowCopy(act.elem_size(), C, out.strides[1], act.strides[1], r, [&](auto copy) {
-          for (int64_t k = 0; k < r; ++k) {
-            copy(out.At(0) + (base + k) * out_row, act.At(0) + (first + picked[k]) * act_row);
+  // One copier for the whole output (T' rows, L == 1 with out), so that a
+  // large output streams past the caches however short its sequences are.
+  DispatchRowCopy(
+      act.elem_size(), C, out.strides[1], act.strides[1], gather ? kept[N] : 0,
+      [&](const auto& copy) {
+        ParallelFor(pool, tasks, grain, [&](int64_t begin, int64_t end) {
+          std::vector<int32_t> picked(static_cast<size_t>(max_keep) + 1);
+          SampleRowScratch scratch;
+          for (int64_t task = begin; task < end; ++task) {
+            const int64_t l = task / N, i = task % N;
+            const int64_t first = cu[i], n = int64_t{cu[i + 1]} - cu[i], r = kept[i + 1] - kept[i];
+            if (!SampleRow(key, static_cast<uint32_t>(l), static_cast<uint32_t>(i), step, n, r,
+                           scratch, picked.data(), nullptr, 0)) {
+              break;  // stopped; Finish still fences the rows written
+            }
+            const int64_t base = kept[i];
+            for (int64_t k = 0; k < r; ++k) {
+              StoreInt32(args.ids, l, base + k, static_cast<int32_t>(first + picked[k]));
+              if (args.positions) StoreInt32(*args.positions, l, base + k, picked[k]);
+            }
+            if (inverse) {
+              for (int64_t s = 0; s < n; ++s) StoreInt32(*inverse, l, first + s, -1);
+              for (int64_t k = 0; k < r; ++k) {
+                StoreInt32(*inverse, l, first + picked[k], static_cast<int32_t>(base + k));
+              }
+            }
+            if (gather) {
+              for (int64_t k = 0; k < r; ++k) {
+                copy(out.At(0) + (base + k) * out_row, act.At(0) + (first + picked[k]) * act_row);
+              }
+            }
           }
           copy.Finish();
         });
-      }
-    }
-  });
+      });
   return CheckStop();
 }
 
