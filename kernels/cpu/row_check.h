@@ -11,15 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/sparse_rows.h"
+
 namespace tokensel::kernels::cpu {
 
-// Bitmap words allowed per id of a row before the sorting checks are used.
-inline constexpr int64_t kMaxBitmapWordsPerId = 16;
-
-// True when a bitmap of `limit` bits would cost far more than sorting n ids.
-inline bool PreferSortingToBitmap(int64_t n, int64_t limit) {
-  return (limit + 63) / 64 > kMaxBitmapWordsPerId * std::max<int64_t>(n, 1);
-}
+// The path rule, PreferSortingToBitmap, is kernels/sparse_rows.h (shared
+// with the CUDA layouts).
 
 // Sorts `values` ascending; true when they are unique and all in [0, limit).
 inline bool SortAndCheckUniqueInRange(std::vector<int64_t>* values, int64_t limit) {

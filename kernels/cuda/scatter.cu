@@ -6,6 +6,10 @@
 // by exactly one of its threads), then copy each layer row to its token row
 // of `all`, the target row taken from the same snapshot. Uniqueness makes the
 // row writes disjoint; rows run in `layer` order, so the reads stream.
+// Sparse rows (PreferSortingToBitmap(R, S), the CPU twin's rule) are checked
+// without a bitmap: a sorted copy of each snapshot row, O(B * R) workspace
+// whatever S is (sparse_sort.h), is range-checked and compared with
+// neighbours; the copy still reads the unsorted snapshot.
 // Workspace: workspace_layout.h (ScatterTokensLayout).
 #include <cuda_runtime.h>
 
@@ -16,6 +20,7 @@
 #include "kernels/cuda/index_check.cuh"
 #include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
+#include "kernels/cuda/sparse_sort.h"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/workspace_layout.h"
 #include "kernels/gather_math.h"
@@ -61,8 +66,13 @@ absl::Status ScatterTokensAsync(const ScatterTokensArgs& args, Workspace ws, Str
   const TensorView idx = SnapshotView(args.indices, SectionAt(ws, layout.snapshot));
   RETURN_IF_ERROR(LaunchSnapshot(args.indices, idx.data, stream));
   // Indices are checked even when C == 0, like the CPU twin.
-  RETURN_IF_ERROR(LaunchIndexCheck(
-      idx, d.seq, static_cast<unsigned int*>(SectionAt(ws, layout.bitmap)), ws, stream));
+  if (layout.sparse.used) {
+    RETURN_IF_ERROR(
+        LaunchSparseSortAndCheck(layout.sparse, idx.dtype, idx.data, d.seq, ws, stream));
+  } else {
+    RETURN_IF_ERROR(LaunchIndexCheck(
+        idx, d.seq, static_cast<unsigned int*>(SectionAt(ws, layout.bitmap)), ws, stream));
+  }
   if (d.channels == 0) return absl::OkStatus();
   const int b_axis = bf ? 0 : 1;
   const int s_axis = bf ? 1 : 0;

@@ -30,6 +30,11 @@
 //      order (coalesced int32 stores of rank or -1; out[rank] = position for
 //      set bits); a sparse row without inverse has each thread emit the set
 //      bits of its words (ctz loop), O(S/64 + R).
+// Sparse rows (PreferSortingToBitmap(R, S), the CPU twin's rule: e.g.
+// [192, 3] ids with S = 2^31-1, whose bitmaps would need 48 GiB) skip steps
+// 1, 3-5: after the status reset and the snapshot, sparse_sort.cu sorts each
+// row by comparison in O(rows * R) workspace, checks the sorted rows and
+// writes them (sparse_sort.h).
 // In place is safe: step 2 reads every id before step 5 (a later launch)
 // writes any. On invalid data only the workspace has been written. Every
 // address the write kernel forms comes from the bitmap (server memory): a
@@ -49,6 +54,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/oracle_args.h"
 #include "kernels/cuda/snapshot.cuh"
+#include "kernels/cuda/sparse_sort.h"
 #include "kernels/cuda/status.cuh"
 #include "kernels/cuda/view_access.cuh"
 #include "kernels/cuda/workspace_layout.h"
@@ -213,6 +219,18 @@ absl::Status SortTokensAsync(const SortTokensArgs& args, Workspace ws, Stream st
   RETURN_IF_ERROR(ValidateSortTokens(args));
   const SortLayout l = SortTokensLayout(args);
   RETURN_IF_ERROR(CheckWorkspace(ws, l.total, "SortTokens"));
+  const TensorView& out = args.out.has_value() ? *args.out : args.ids;
+  if (l.sparse.used) {
+    RETURN_IF_ERROR(ResetStatusAsync(ws, stream));
+    if (l.rows == 0) return absl::OkStatus();
+    void* snapshot = SectionAt(ws, l.snapshot);
+    RETURN_IF_ERROR(LaunchSnapshot(args.ids, snapshot, stream));
+    RETURN_IF_ERROR(LaunchSparseSortAndCheck(l.sparse, args.ids.dtype, snapshot,
+                                             args.original_tokens, ws, stream));
+    return LaunchSparseSortWrite(l.sparse, ws, out,
+                                 args.inverse.has_value() ? &*args.inverse : nullptr,
+                                 args.original_tokens, stream);
+  }
   // The status block and the bitmaps are contiguous: one memset clears both.
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws.data, 0, l.bitmaps + l.bitmap_bytes, stream));
   if (l.rows == 0) return absl::OkStatus();
@@ -235,7 +253,6 @@ absl::Status SortTokensAsync(const SortTokensArgs& args, Workspace ws, Stream st
     SortRowScanKernel<<<Blocks(l.rows, 1), kSortThreads, 0, stream>>>(ranks, l.rows, l.chunks, ws);
     CUDA_RETURN_IF_LAUNCH_ERROR("SortRowScanKernel");
   }
-  const TensorView& out = args.out.has_value() ? *args.out : args.ids;
   const bool aligned = ElementsAligned(out);
   if (args.inverse.has_value()) {
     SortWriteKernel<true, true><<<Blocks(items, 1), kSortThreads, 0, stream>>>(

@@ -4,6 +4,7 @@
 #include "kernels/gather_math.h"
 #include "kernels/segment_math.h"
 #include "kernels/sort_math.h"
+#include "kernels/sparse_rows.h"
 
 namespace tokensel::kernels::cuda {
 
@@ -40,7 +41,26 @@ namespace {
 
 int64_t Elements(const TensorView& v) { return v.NumElements(); }
 
+// Appends the sorted keys of `rows` rows of `r` ids of `elem_size` bytes.
+SparseSortLayout AddSparseSort(WorkspaceLayout* w, int64_t rows, int64_t r, int64_t elem_size) {
+  SparseSortLayout l;
+  l.used = true;
+  l.rows = rows;
+  l.r = r;
+  l.passes = SparseSortPasses(r);
+  l.keys[0] = w->Add({rows, r, elem_size});
+  if (l.passes > 0) l.keys[1] = w->Add({rows, r, elem_size});
+  return l;
+}
+
 }  // namespace
+
+int SparseSortPasses(int64_t r) {
+  int passes = 0;
+  // run <= 2^63 (it doubles while below r < 2^63): no overflow in uint64.
+  for (uint64_t run = kSparseSortTile; run < static_cast<uint64_t>(r); run *= 2) ++passes;
+  return passes;
+}
 
 IndexOpLayout GatherTokensLayout(const GatherTokensArgs& args) {
   IndexOpLayout l;
@@ -57,7 +77,11 @@ IndexOpLayout ScatterTokensLayout(const ScatterTokensArgs& args) {
   const TokenDims d = GetTokenDims(args.all, args.indices, args.batch_first);
   WorkspaceLayout w;
   l.snapshot = w.Add({Elements(args.indices), args.indices.elem_size()});
-  l.bitmap = w.Add({d.batch, BitmapWordsPerRow(d.seq), 4});
+  if (PreferSortingToBitmap(d.retained, d.seq)) {
+    l.sparse = AddSparseSort(&w, d.batch, d.retained, args.indices.elem_size());
+  } else {
+    l.bitmap = w.Add({d.batch, BitmapWordsPerRow(d.seq), 4});
+  }
   l.total = w.total();
   return l;
 }
@@ -111,9 +135,15 @@ SortLayout SortTokensLayout(const SortTokensArgs& args) {
   if (!ValidateSortTokens(args).ok()) return l;
   l.rows = args.ids.NumRows();
   l.r = args.ids.shape[args.ids.rank - 1];
+  WorkspaceLayout w;
+  if (PreferSortingToBitmap(l.r, args.original_tokens)) {
+    l.snapshot = w.Add({Elements(args.ids), args.ids.elem_size()});
+    l.sparse = AddSparseSort(&w, l.rows, l.r, args.ids.elem_size());
+    l.total = w.total();
+    return l;
+  }
   l.words = BitmapWords(args.original_tokens);  // S <= INT32_MAX: no overflow
   l.chunks = (l.words + kSortChunkWords - 1) / kSortChunkWords;
-  WorkspaceLayout w;
   l.bitmaps = w.Add({l.rows, l.words, 8});
   l.bitmap_bytes = w.total() - l.bitmaps;
   if (l.chunks > 1 && l.rows > 0) l.ranks = w.Add({l.rows, l.chunks, 8});

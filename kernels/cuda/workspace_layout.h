@@ -63,11 +63,33 @@ TensorView SnapshotView(const TensorView& v, void* data);
 // `ws.data + offset` (the section at `offset`).
 inline void* SectionAt(Workspace ws, size_t offset) { return static_cast<char*>(ws.data) + offset; }
 
+// Sparse rows (kernels/sparse_rows.h: PreferSortingToBitmap(R, S), the rule
+// the CPU twins use): instead of a bitmap of S bits per row, sorted copies of
+// the snapshot, O(rows * R) bytes whatever S is (sparse_sort.h):
+//   keys[0]: rows * R elements of the ids' dtype (the tile sort's output);
+//   keys[1]: the same, the merge passes' other buffer, only when R >
+//            kSparseSortTile (passes > 0).
+// The sorted rows end in keys[passes % 2].
+inline constexpr int64_t kSparseSortTile = 1024;  // ids one block sorts
+struct SparseSortLayout {
+  bool used = false;
+  int64_t rows = 0;
+  int64_t r = 0;
+  int passes = 0;  // merge passes after the tile sort: ceil(log2(ceil(R / tile)))
+  size_t keys[2] = {0, 0};
+  size_t sorted() const { return keys[passes % 2]; }
+};
+// Merge passes that turn sorted tiles of kSparseSortTile ids into sorted rows
+// of r ids (r >= 0).
+int SparseSortPasses(int64_t r);
+
 // GatherTokens, ScatterTokens, GatherBertMask:
-//   [status][snapshot of indices][ScatterTokens: bitmap, B * ceil(S/32) words]
+//   [status][snapshot of indices][ScatterTokens: bitmap, B * ceil(S/32)
+//   words, or for sparse rows (PreferSortingToBitmap(R, S)) the sorted keys]
 struct IndexOpLayout {
-  size_t snapshot = 0;  // offset of the indices' snapshot
-  size_t bitmap = 0;    // offset of the uniqueness bitmap (ScatterTokens)
+  size_t snapshot = 0;      // offset of the indices' snapshot
+  size_t bitmap = 0;        // offset of the uniqueness bitmap (ScatterTokens; 0 when sparse)
+  SparseSortLayout sparse;  // ScatterTokens with sparse rows
   size_t total = kDeviceStatusBytes;
 };
 IndexOpLayout GatherTokensLayout(const GatherTokensArgs& args);
@@ -86,10 +108,13 @@ struct SplitLayout {
 };
 SplitLayout SplitTokensLayout(const SplitTokensArgs& args);
 
-// SortTokens:
+// SortTokens, dense rows:
 //   [status][bitmaps: rows * ceil(S/64) uint64][chunk ranks: rows * chunks
 //   int64, only when chunks > 1][snapshot of ids]
 // The status block and the bitmaps are contiguous (one memset clears both).
+// Sparse rows (PreferSortingToBitmap(R, S), as the CPU twin): no bitmaps
+// (bitmap_bytes == 0, words == chunks == 0):
+//   [status][snapshot of ids][sorted keys (SparseSortLayout)]
 inline constexpr int64_t kSortChunkWords = 1024;  // bitmap words per write block
 struct SortLayout {
   int64_t rows = 0;
@@ -100,6 +125,7 @@ struct SortLayout {
   size_t bitmap_bytes = 0;  // 256-aligned
   size_t ranks = 0;         // 0 when chunks <= 1
   size_t snapshot = 0;
+  SparseSortLayout sparse;
   size_t total = kDeviceStatusBytes;
 };
 SortLayout SortTokensLayout(const SortTokensArgs& args);

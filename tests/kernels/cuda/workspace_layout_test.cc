@@ -15,51 +15,17 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
+#include "kernels/sparse_rows.h"
+#include "tests/kernels/cuda/layout_test_util.h"
 
 namespace tokensel::kernels::cuda {
 namespace {
 
-// Distinct, far apart fake base addresses (validation compares extents).
-void* Fake(int slot) { return reinterpret_cast<void*>((static_cast<uintptr_t>(slot) + 1) << 40); }
-
-TensorView View(int slot, DType dtype, std::vector<int64_t> shape) {
-  return TensorView::Contiguous(Fake(slot), dtype, shape);
-}
-TensorView Strided(int slot, DType dtype, std::vector<int64_t> shape,
-                   std::vector<int64_t> strides) {
-  return TensorView::Strided(Fake(slot), dtype, shape, strides);
-}
-
-struct Section {
-  std::string name;
-  size_t offset;
-  uint64_t bytes;  // what the kernels touch
-};
-
-// The invariants of workspace_layout.h for one layout.
-void ExpectSections(const std::vector<Section>& sections, size_t total) {
-  EXPECT_EQ(total % 256, 0u);
-  EXPECT_GE(total, kDeviceStatusBytes);
-  EXPECT_LT(total, kWorkspaceTooLarge);
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const Section& a = sections[i];
-    SCOPED_TRACE(a.name);
-    EXPECT_EQ(a.offset % 256, 0u);
-    EXPECT_GE(a.offset, kDeviceStatusBytes);  // never over the status block
-    EXPECT_LE(a.bytes, total - a.offset);     // inside the workspace
-    for (size_t j = 0; j < i; ++j) {
-      const Section& b = sections[j];
-      if (a.bytes == 0 || b.bytes == 0) continue;
-      EXPECT_TRUE(a.offset + a.bytes <= b.offset || b.offset + b.bytes <= a.offset)
-          << a.name << " [" << a.offset << ", +" << a.bytes << ") overlaps " << b.name << " ["
-          << b.offset << ", +" << b.bytes << ")";
-    }
-  }
-}
-
-uint64_t Bytes(const TensorView& v) {
-  return static_cast<uint64_t>(v.NumElements()) * static_cast<uint64_t>(v.elem_size());
-}
+using layout_test::Bytes;
+using layout_test::ExpectSections;
+using layout_test::Section;
+using layout_test::Strided;
+using layout_test::View;
 
 TEST(WorkspaceLayoutTest, AddAlignsAndSaturates) {
   WorkspaceLayout w;
@@ -173,24 +139,42 @@ TEST(WorkspaceLayoutTest, BroadcastIndicesAndOverflow) {
   EXPECT_EQ(GatherTokensWorkspaceBytes(huge), kWorkspaceTooLarge);
 
   // The scatter bitmap of the largest S validation allows (B*S < 2^63 with
-  // C == 0): 2^59 bytes, sized without wrapping.
+  // C == 0) and rows dense enough for a bitmap (R = 2^32 broadcast indices):
+  // 2^59 bytes, sized without wrapping.
   const int64_t b = int64_t{1} << 20;
   const int64_t s = int64_t{1} << 42;
+  const int64_t r = int64_t{1} << 32;
   const ScatterTokensArgs sc{View(0, DType::kFloat32, {b, s, 0}),
-                             View(2, DType::kFloat32, {b, 1, 0}),
-                             Strided(1, DType::kInt32, {b, 1}, {0, 0}), true};
+                             View(2, DType::kFloat32, {b, r, 0}),
+                             Strided(1, DType::kInt32, {b, r}, {0, 0}), true};
   ASSERT_TRUE(ValidateScatterTokens(sc).ok()) << ValidateScatterTokens(sc);
   const IndexOpLayout sl = ScatterTokensLayout(sc);
-  ExpectSections({{"snapshot", sl.snapshot, 4 * static_cast<uint64_t>(b)},
+  EXPECT_FALSE(sl.sparse.used);
+  ExpectSections({{"snapshot", sl.snapshot, 4 * static_cast<uint64_t>(b) * r},
                   {"bitmap", sl.bitmap, static_cast<uint64_t>(b) * (s / 32) * 4}},
                  sl.total);
+
+  // One index per row of the same S: sparse rows, no bitmap, 2 * 4 MiB.
+  const ScatterTokensArgs one{View(0, DType::kFloat32, {b, s, 0}),
+                              View(2, DType::kFloat32, {b, 1, 0}),
+                              Strided(1, DType::kInt32, {b, 1}, {0, 0}), true};
+  ASSERT_TRUE(ValidateScatterTokens(one).ok()) << ValidateScatterTokens(one);
+  const IndexOpLayout ol = ScatterTokensLayout(one);
+  EXPECT_TRUE(ol.sparse.used);
+  EXPECT_EQ(ol.bitmap, 0u);
+  ExpectSections({{"snapshot", ol.snapshot, 4 * static_cast<uint64_t>(b)},
+                  {"keys0", ol.sparse.keys[0], 4 * static_cast<uint64_t>(b)}},
+                 ol.total);
+  EXPECT_EQ(ol.total, kDeviceStatusBytes + 2 * 4 * static_cast<uint64_t>(b));
 }
 
 TEST(WorkspaceLayoutTest, SortTokens) {
   for (int64_t s : {int64_t{1}, int64_t{2048}, int64_t{65536}, int64_t{65537}, int64_t{3000000}}) {
     for (bool in_place : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "S " << s << " in place " << in_place);
-      const int64_t r = s < 100 ? s : 100;
+      // Dense rows (16 * R >= S/64 words): the bitmap path.
+      const int64_t r = s < 4000 ? s : 4000;
+      ASSERT_FALSE(PreferSortingToBitmap(r, s));
       SortTokensArgs args;
       args.ids = Strided(0, DType::kInt32, {3, 2, r}, {2 * (r + 1), r + 1, 1});
       args.original_tokens = s;
@@ -203,6 +187,7 @@ TEST(WorkspaceLayoutTest, SortTokens) {
       EXPECT_EQ(l.r, r);
       EXPECT_EQ(l.words, words);
       EXPECT_EQ(l.chunks, chunks);
+      EXPECT_FALSE(l.sparse.used);
       // The one memset of the status block and the bitmaps covers both.
       EXPECT_EQ(l.bitmaps, kDeviceStatusBytes);
       EXPECT_GE(l.bitmap_bytes, static_cast<size_t>(6 * words * 8));

@@ -17,7 +17,9 @@ namespace {
 // SortTokens on [B, R] ids of S tokens: an op with a device workspace. Its
 // size (kernels/cuda/workspace_layout.cc, SortTokensLayout) is a bitmap of
 // ceil(S / 64) words per row, the rank table, and a snapshot of the ids
-// (B * R * 4 bytes); the pool rounds allocations up to 1 MiB. The inverse
+// (B * R * 4 bytes); the pool rounds allocations up to 1 MiB. Sparse rows
+// (ceil(S / 64) > 16 R, kernels/sparse_rows.h) have no bitmap: the snapshot
+// and one or two sorted copies of the ids. The inverse
 // ([B, S] int32) is optional so that a huge S costs no host memory.
 absl::Status RunSort(core::Backend& backend, int64_t B, int64_t R, int64_t S,
                      bool with_inverse = true) {
@@ -86,14 +88,26 @@ TEST(CudaBackendPoolTest, ASmallOpDoesNotHoldALargeBlock) {
 TEST(CudaBackendPoolTest, IdleWorkspacesBeyondTheCapAreFreed) {
   TOKENSEL_CUDA_BACKEND_OR_SKIP(cuda);
   ASSERT_OK(RunSmall(cuda));
-  // S = 2^31 - 1 with one id: a 256 MiB bitmap plus the rank table, so an
-  // allocation above kMaxCachedWorkspaceBytes. Released idle, it is freed
-  // at once (the largest block goes first); the small one stays cached.
-  ASSERT_OK(RunSort(cuda, 1, 1, INT32_MAX, false));
+  // S = 2^31 - 1 with 2^21 ids, the sparsest row that still takes the
+  // bitmap path: a 256 MiB bitmap plus the rank table and an 8 MiB
+  // snapshot, so an allocation above kMaxCachedWorkspaceBytes. Released
+  // idle, it is freed at once (the largest block goes first); the small one
+  // stays cached.
+  ASSERT_OK(RunSort(cuda, 1, 1 << 21, INT32_MAX, false));
   EXPECT_EQ(cuda.workspace_allocations(), 2);
   EXPECT_EQ(cuda.cached_workspaces(), 1u) << "idle workspaces above the cap are freed";
   ASSERT_OK(RunSmall(cuda));
   EXPECT_EQ(cuda.workspace_allocations(), 2);
+}
+
+// Issue 12 item 5: [192, 3] ids with S = 2^31 - 1 took 48 GiB of bitmaps;
+// the sparse path needs a few KiB, one granule.
+TEST(CudaBackendPoolTest, SparseRowsNeedOneSmallWorkspace) {
+  TOKENSEL_CUDA_BACKEND_OR_SKIP(cuda);
+  ASSERT_OK(RunSort(cuda, 192, 3, INT32_MAX, false));
+  ASSERT_OK(RunSort(cuda, 1, 1, INT32_MAX, false));
+  EXPECT_EQ(cuda.workspace_allocations(), 1);
+  EXPECT_EQ(cuda.cached_workspaces(), 1u);
 }
 
 #undef TOKENSEL_CUDA_BACKEND_OR_SKIP
