@@ -515,6 +515,69 @@ TEST_F(SortTopKSampleGpuTest, SamplePackedMatchesCpuBitForBit) {
             rng_);
 }
 
+// The long path (sample_packed_long.cu: sequences of >= kPackedLongMinTokens
+// tokens, one block per (layer, chunk of 4096)): every byte against the CPU.
+TEST_F(SortTopKSampleGpuTest, SamplePackedLongPathMatchesCpu) {
+  // One sequence of 2^20 tokens, every keep ratio from nothing to all
+  // (r_i = 0, 1, n_i / 1000, n_i / 3, n_i / 2, n_i - 1, n_i), L = 3.
+  const std::vector<int32_t> one = {0, 1 << 20};
+  for (const auto& [num, den, min_tokens] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{0, 1, 0},
+                                                          {0, 1, 1},
+                                                          {1, 1000, 0},
+                                                          {1, 3, 0},
+                                                          {1, 2, 0},
+                                                          {(1 << 20) - 1, 1 << 20, 0},
+                                                          {1, 1, 0}}) {
+    const int64_t kept = PackedKept(one, num, den, min_tokens);
+    RunPacked({one, one.back() + 5, num, den, min_tokens, 3, kept, true, true, 0}, rng_);
+    RunPacked({one, one.back(), num, den, min_tokens, 1, kept, false, false, 4}, rng_);
+  }
+  // The path boundary (8192 short, 8193 long) and chunk boundaries, between
+  // empty sequences.
+  std::vector<int32_t> edges = {0};
+  for (const int32_t n : {8192, 0, 8193, 8194, 0, 12288, 12289, 16383, 1}) {
+    edges.push_back(edges.back() + n);
+  }
+  for (const auto& [num, den] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {5, 7}}) {
+    const int64_t kept = PackedKept(edges, num, den, 0);
+    RunPacked({edges, edges.back() + 2, num, den, 0, 2, kept, true, true, 0}, rng_);
+    RunPacked({edges, edges.back(), num, den, 0, 1, kept, true, false, 16}, rng_);
+  }
+  // Thousands of short sequences with a few long ones among them: both
+  // paths in one launch sequence, L = 1 and L = 4.
+  std::vector<int32_t> mixed = {0};
+  for (int i = 0; i < 6000; ++i) {
+    int32_t n = static_cast<int32_t>(rng_() % 40);
+    if (i == 17) n = 100000;
+    if (i == 2500) n = 8193;
+    if (i == 4999) n = (1 << 18) + 3;
+    if (i == 5999) n = 40000;
+    mixed.push_back(mixed.back() + n);
+  }
+  for (const auto& [num, den, min_tokens] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 2, 1}, {3, 7, 2}, {0, 1, 0}, {1, 1, 0}}) {
+    const int64_t kept = PackedKept(mixed, num, den, min_tokens);
+    RunPacked({mixed, mixed.back() + 7, num, den, min_tokens, 4, kept, true, true, 0}, rng_);
+    RunPacked({mixed, mixed.back(), num, den, min_tokens, 1, kept, true, true, 8}, rng_);
+  }
+}
+
+// Bad data that would take the long path: nothing written, the CPU's message
+// (from the device's report, not a host copy of cu_seqlens).
+TEST_F(SortTopKSampleGpuTest, SamplePackedLongPathBadData) {
+  const int32_t big = 1 << 16;
+  RunPacked({{0, big, big - 1, 2 * big}, 2 * big, 1, 2, 0, 2, big, true, true, 0}, rng_);
+  RunPacked({{0, big, 3 * big}, 2 * big, 1, 2, 0, 1, big, true, true, 0}, rng_);      // past T
+  RunPacked({{0, big, 2 * big}, 2 * big, 1, 2, 0, 1, big - 1, true, true, 0}, rng_);  // T'
+  // The first bad i wins among many (decreasing at i = 3000 and 5000).
+  std::vector<int32_t> many = {0};
+  for (int i = 0; i < 6000; ++i) many.push_back(many.back() + (i == 10 ? 9000 : 2));
+  many[3001] = many[3000] - 1;
+  many[5001] = many[5000] - 5;
+  RunPacked({many, many.back() + 1, 1, 2, 0, 1, 1, true, true, 0}, rng_);
+}
+
 // Bad data: the same message as the CPU and nothing written (the Compare
 // checks every byte of every tensor against the CPU run, which writes none).
 TEST_F(SortTopKSampleGpuTest, SamplePackedBadDataWritesNothing) {
