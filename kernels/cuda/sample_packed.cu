@@ -14,12 +14,11 @@
 //      message from these few words); stores r_i (PackedKeep, sample_math.h)
 //      at kept[i + 1] and the chunk count of a long sequence at
 //      chunk_base[i + 1] (0 at [0]).
-//   3. PackedScanKernel, one block: inclusive prefix sums of kept and of
-//      chunk_base in tiles (cub::BlockScan with a running total; no
-//      cub::Device* call, whose kernels the static checks cannot hold to 0
-//      spills), then compares kept[N] = T' (recorded in the report) with
-//      the dims sized by the caller (ids, positions, out): a mismatch is
-//      invalid data too.
+//   3. LaunchPackedScan (sample_packed_scan.cu): inclusive prefix sums of
+//      kept and of chunk_base over many blocks (tile sums, their scan in
+//      one block, then the tiles), then compares kept[N] = T' (recorded in
+//      the report) with the dims sized by the caller (ids, positions, out):
+//      a mismatch is invalid data too.
 //   4. PackedSampleKernel<kInverse>, one 256-thread block per short task
 //      (l, i), grid-stride over L * N tasks (no launch limit on N): returns
 //      at once when the status word is set, skips long sequences;
@@ -35,8 +34,8 @@
 //      copies activations row gather_ids[k] to out row k; gated.
 // Work balance: no block handles more than 8192 tokens of a sequence, so
 // millions of short sequences and a few very long ones both fill the
-// device; the scans of step 3 (N / 1024 dependent tiles) and of the long
-// path's chunk counts (G / 1024 per layer) are the serial parts
+// device; the serial parts are the scan of the N / 4096 tile sums in step 3
+// and of the long path's chunk counts (G / 1024 tiles per layer)
 // (docs/gpu.md).
 // Every address the write kernels form comes from the workspace: the
 // snapshot (validated), kept and chunk_base (computed from it); slots stay
@@ -69,7 +68,6 @@ namespace {
 
 constexpr int kPackedThreads = 256;
 constexpr int kPackedItems = 2;  // one Philox draw = one position pair
-constexpr int kScanItems = 4;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
 
 struct KeepRule {
@@ -110,54 +108,6 @@ __global__ void __launch_bounds__(kPackedThreads)
     const bool ok = len >= 0 && len <= total_tokens;
     kept[i + 1] = ok ? PackedKeep(len, rule.num, rule.den, rule.min_tokens) : 0;
     chunk_base[i + 1] = ok ? PackedChunks(len) : 0;
-  }
-}
-
-// In-place inclusive prefix sums of a[1..n] (a[0] = 0), one block; returns
-// the total (in every thread).
-__device__ long long BlockPrefixSums(long long* __restrict__ a, int64_t n) {
-  using Scan = cub::BlockScan<long long, kPackedThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  constexpr int64_t kTile = int64_t{kPackedThreads} * kScanItems;
-  long long running = 0;
-  for (int64_t tile = 1; tile <= n; tile += kTile) {
-    const int64_t first = tile + int64_t{threadIdx.x} * kScanItems;
-    long long items[kScanItems];
-    long long sum = 0;
-#pragma unroll
-    for (int j = 0; j < kScanItems; ++j) {
-      items[j] = first + j <= n ? a[first + j] : 0;
-      sum += items[j];
-    }
-    long long before = 0, total = 0;
-    Scan(scan).ExclusiveSum(sum, before, total);
-    __syncthreads();  // the scan storage is reused by the next tile
-    long long value = running + before;
-#pragma unroll
-    for (int j = 0; j < kScanItems; ++j) {
-      value += items[j];
-      if (first + j <= n) a[first + j] = value;
-    }
-    running += total;
-  }
-  return running;
-}
-
-// kept and chunk_base to their prefix sums, then T' = kept[n] against the
-// caller's dims (recorded for Finish's message). One block.
-__global__ void __launch_bounds__(kPackedThreads)
-    PackedScanKernel(long long* __restrict__ kept, long long* __restrict__ chunk_base, int64_t n,
-                     int64_t ids_dim, int64_t pos_dim, int64_t out_dim,
-                     long long* __restrict__ report, Workspace ws) {
-  const long long t_kept = BlockPrefixSums(kept, n);
-  BlockPrefixSums(chunk_base, n);
-  if (threadIdx.x == 0) {
-    report[kPackedReportKept] = t_kept;
-    // The caller sized its outputs with T' (a dim < 0 means "absent").
-    if (t_kept != ids_dim || (pos_dim >= 0 && t_kept != pos_dim) ||
-        (out_dim >= 0 && t_kept != out_dim)) {
-      SetInvalid(ws, n + 1);
-    }
   }
 }
 
@@ -254,10 +204,10 @@ absl::Status SamplePackedTokensAsync(const SamplePackedTokensArgs& args, Workspa
   PackedCheckKernel<<<check_grid, kPackedThreads, 0, stream>>>(cu, n, T, rule, kept, chunk_base,
                                                                report, ws);
   CUDA_RETURN_IF_LAUNCH_ERROR("PackedCheckKernel");
-  PackedScanKernel<<<1, kPackedThreads, 0, stream>>>(kept, chunk_base, n, args.ids.shape[1],
-                                                     DimOrAbsent(args.positions, 1),
-                                                     DimOrAbsent(args.out, 0), report, ws);
-  CUDA_RETURN_IF_LAUNCH_ERROR("PackedScanKernel");
+  RETURN_IF_ERROR(LaunchPackedScan(
+      kept, chunk_base, n, static_cast<long long*>(SectionAt(ws, layout.scan_sums)),
+      {args.ids.shape[1], DimOrAbsent(args.positions, 1), DimOrAbsent(args.out, 0)}, report, ws,
+      stream));
 
   PackedOutputs o{args.ids, TensorView{}, TensorView{}, nullptr, ElementsAligned(args.ids),
                   true,     true};

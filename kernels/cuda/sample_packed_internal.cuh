@@ -54,8 +54,21 @@ struct PackedWriter {
   }
 };
 
+// The dims the caller sized with T' (-1 = the tensor is absent).
+struct PackedKeptDims {
+  int64_t ids, positions, out;
+};
+
+// Enqueues the prefix sums of kept[1..n] and chunk_base[1..n] in place
+// (sample_packed_scan.cu; tile_sums: 2 * PackedScanTiles(n) int64 of
+// workspace), then records T' in the report and flags a T' that differs
+// from `dims`. Not gated: it only reads and writes the workspace.
+absl::Status LaunchPackedScan(long long* kept, long long* chunk_base, int64_t n,
+                              long long* tile_sums, PackedKeptDims dims, long long* report,
+                              Workspace ws, Stream stream);
+
 // The workspace the long path reads and writes (SamplePackedLayout), after
-// PackedScanKernel: kept and chunk_base hold their exclusive prefix sums at
+// LaunchPackedScan: kept and chunk_base hold their exclusive prefix sums at
 // [i] (kept[i + 1] - kept[i] = r_i), chunk_base[n] = the chunk count G.
 struct PackedLongArgs {
   const int32_t* cu;            // snapshot, N+1

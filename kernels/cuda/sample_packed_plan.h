@@ -54,6 +54,14 @@ enum PackedReportWord : int {
   kPackedReportWords = 4,
 };
 
+// The prefix sums of r_i and of the chunk counts (sample_packed_scan.cu)
+// run over tiles of kPackedScanTile values, one block each: PackedScanTiles
+// tile sums are kept in the workspace (per array).
+inline constexpr int64_t kPackedScanTile = 4096;
+TOKENSEL_HD constexpr int64_t PackedScanTiles(int64_t n) {
+  return n <= 0 ? 0 : (n - 1) / kPackedScanTile + 1;
+}
+
 TOKENSEL_HD constexpr bool PackedIsLong(int64_t n) { return n >= kPackedLongMinTokens; }
 
 // Chunks of a sequence of n tokens: ceil(n / kPackedChunkTokens) when long,

@@ -95,6 +95,7 @@ SamplePackedLayout SamplePackedTokensLayout(const SamplePackedTokensArgs& args) 
   l.cu = w.Add({l.n_plus_1, 4});
   l.kept = w.Add({l.n_plus_1, 8});
   l.chunk_base = w.Add({l.n_plus_1, 8});
+  l.scan_sums = w.Add({2, PackedScanTiles(l.n_plus_1 - 1), 8});
   const int64_t L = args.layers;
   l.max_chunks = l.n_plus_1 > 1 && L > 0 ? PackedMaxChunks(args.total_tokens) : 0;
   if (l.max_chunks > 0) {

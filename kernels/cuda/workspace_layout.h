@@ -135,7 +135,8 @@ SegmentLayout SegmentSeqlensLayout(const SegmentSeqlensArgs& args);
 //   [status][report, kPackedReportWords int64][snapshot of cu_seqlens, N+1
 //   int32][kept: r_i, then their inclusive prefix sums, N+1 int64]
 //   [chunk_base: chunks of each sequence, then their inclusive prefix sums,
-//   N+1 int64][when a long sequence fits (max_chunks > 0): select states
+//   N+1 int64][scan_sums: the tile sums of both scans, 2 *
+//   PackedScanTiles(N) int64][when a long sequence fits (max_chunks > 0): select states
 //   L * long_slots * 32 B, histograms L * long_slots * 1 KiB, chunk counts
 //   L * max_chunks uint64][with out: the ids the gather reads, ids' dim 1
 //   (= T' when the data is valid) int32]
@@ -147,6 +148,7 @@ struct SamplePackedLayout {
   size_t cu = 0;
   size_t kept = 0;
   size_t chunk_base = 0;
+  size_t scan_sums = 0;
   size_t long_state = 0;    // 0 when max_chunks == 0
   size_t long_hist = 0;     // 0 when max_chunks == 0
   size_t chunk_counts = 0;  // 0 when max_chunks == 0

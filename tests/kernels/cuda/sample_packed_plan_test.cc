@@ -17,7 +17,7 @@ namespace tokensel::kernels::cuda {
 namespace {
 
 // chunk_base of the lengths: the exclusive prefix sums of PackedChunks,
-// N + 1 values (what PackedScanKernel leaves in the workspace).
+// N + 1 values (what LaunchPackedScan leaves in the workspace).
 std::vector<long long> ChunkBase(const std::vector<int64_t>& lengths) {
   std::vector<long long> base = {0};
   for (const int64_t n : lengths) base.push_back(base.back() + PackedChunks(n));
@@ -74,6 +74,18 @@ TEST(SamplePackedPlanTest, PathChoice) {
   EXPECT_EQ(PackedChunks(int64_t{1} << 20), (int64_t{1} << 20) / kPackedChunkTokens);
   EXPECT_EQ(PackedChunks((int64_t{1} << 20) + 1), (int64_t{1} << 20) / kPackedChunkTokens + 1);
   EXPECT_EQ(PackedChunks(kPackedMaxTokens), (kPackedMaxTokens + 4095) / 4096);
+}
+
+TEST(SamplePackedPlanTest, ScanTilesCoverEveryValue) {
+  EXPECT_EQ(PackedScanTiles(0), 0);
+  EXPECT_EQ(PackedScanTiles(1), 1);
+  EXPECT_EQ(PackedScanTiles(kPackedScanTile), 1);
+  EXPECT_EQ(PackedScanTiles(kPackedScanTile + 1), 2);
+  for (const int64_t n : {int64_t{1000000}, int64_t{1} << 32}) {
+    const int64_t tiles = PackedScanTiles(n);
+    EXPECT_GE(tiles * kPackedScanTile, n);        // values 1..n all in a tile
+    EXPECT_LT((tiles - 1) * kPackedScanTile, n);  // no empty tile
+  }
 }
 
 TEST(SamplePackedPlanTest, MaxChunksIsTightAndClamped) {

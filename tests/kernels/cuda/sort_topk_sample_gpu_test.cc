@@ -563,8 +563,19 @@ TEST_F(SortTopKSampleGpuTest, SamplePackedLongPathMatchesCpu) {
   }
 }
 
-// Bad data that would take the long path: nothing written, the CPU's message
-// (from the device's report, not a host copy of cu_seqlens).
+// Millions of sequences: the multi-block scans (more than 1024 tiles of 4096
+// sums, so the tile-sum scan takes several steps too).
+TEST_F(SortTopKSampleGpuTest, SamplePackedMillionsOfSequences) {
+  std::vector<int32_t> cu = {0};
+  cu.reserve(5000008);
+  for (int i = 0; i < 5000007; ++i) cu.push_back(cu.back() + static_cast<int32_t>(rng_() % 3));
+  const int64_t kept = PackedKept(cu, 1, 2, 1);
+  RunPacked({cu, cu.back() + 1, 1, 2, 1, 1, kept, true, false, 0}, rng_);
+  RunPacked({cu, cu.back(), 1, 2, 1, 1, kept + 1, false, false, 0}, rng_);  // T' mismatch
+}
+
+// Bad data that would take the long path// Bad data that would take the long path: nothing written,
+// the CPU's message (from the device's report, not a host copy of cu_seqlens).
 TEST_F(SortTopKSampleGpuTest, SamplePackedLongPathBadData) {
   const int32_t big = 1 << 16;
   RunPacked({{0, big, big - 1, 2 * big}, 2 * big, 1, 2, 0, 2, big, true, true, 0}, rng_);

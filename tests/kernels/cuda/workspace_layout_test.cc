@@ -360,10 +360,12 @@ TEST(WorkspaceLayoutTest, SamplePackedTokens) {
           EXPECT_EQ(l.max_chunks, max_chunks);
           EXPECT_EQ(l.max_chunks > 0, T >= kPackedLongMinTokens && L > 0 && n_plus_1 > 1);
           const auto n1 = static_cast<uint64_t>(n_plus_1);
-          std::vector<Section> sections = {{"report", l.report, kPackedReportWords * 8},
-                                           {"cu", l.cu, n1 * 4},
-                                           {"kept", l.kept, n1 * 8},
-                                           {"chunk_base", l.chunk_base, n1 * 8}};
+          std::vector<Section> sections = {
+              {"report", l.report, kPackedReportWords * 8},
+              {"cu", l.cu, n1 * 4},
+              {"kept", l.kept, n1 * 8},
+              {"chunk_base", l.chunk_base, n1 * 8},
+              {"scan_sums", l.scan_sums, 16 * static_cast<uint64_t>((n_plus_1 + 4094) / 4096)}};
           if (max_chunks > 0) {
             EXPECT_EQ(l.long_slots, PackedLongSlots(max_chunks));
             const auto slots = static_cast<uint64_t>(L * l.long_slots);
