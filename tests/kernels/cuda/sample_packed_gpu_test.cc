@@ -11,7 +11,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <random>
 #include <tuple>
 #include <utility>
