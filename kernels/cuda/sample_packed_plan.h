@@ -96,7 +96,9 @@ TOKENSEL_HD constexpr int64_t PackedLongSlots(int64_t max_chunks) {
 // chunk_base[i + 1], where chunk_base is the exclusive prefix sum of
 // PackedChunks(n_i) (n + 1 values, chunk_base[0] = 0) and 0 <= g <
 // chunk_base[n]. Binary search: O(log n) per block.
-TOKENSEL_HD int64_t PackedChunkOwner(const long long* chunk_base, int64_t n, int64_t g) {
+// (Int: the device's long long, or int64_t.)
+template <typename Int>
+TOKENSEL_HD int64_t PackedChunkOwner(const Int* chunk_base, int64_t n, int64_t g) {
   int64_t lo = 0, hi = n;  // chunk_base[lo] <= g < chunk_base[hi]
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;

@@ -18,8 +18,8 @@ namespace {
 
 // chunk_base of the lengths: the exclusive prefix sums of PackedChunks,
 // N + 1 values (what LaunchPackedScan leaves in the workspace).
-std::vector<long long> ChunkBase(const std::vector<int64_t>& lengths) {
-  std::vector<long long> base = {0};
+std::vector<int64_t> ChunkBase(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> base = {0};
   for (const int64_t n : lengths) base.push_back(base.back() + PackedChunks(n));
   return base;
 }
@@ -33,7 +33,7 @@ int64_t Sum(const std::vector<int64_t>& v) {
 // Checks every property the kernels rely on for one pack.
 void CheckPack(const std::vector<int64_t>& lengths) {
   const int64_t tokens = Sum(lengths);
-  const std::vector<long long> base = ChunkBase(lengths);
+  const std::vector<int64_t> base = ChunkBase(lengths);
   const auto n = static_cast<int64_t>(lengths.size());
   const int64_t chunks = base.back();
   ASSERT_LE(chunks, PackedMaxChunks(tokens)) << "workspace bound, tokens = " << tokens;
@@ -139,7 +139,7 @@ TEST(SamplePackedPlanTest, OwnerAmongManyShort) {
   for (const int64_t at : {int64_t{0}, int64_t{31337}, int64_t{99999}}) {
     std::vector<int64_t> lengths(100000, 3);
     lengths[at] = 50000;
-    const std::vector<long long> base = ChunkBase(lengths);
+    const std::vector<int64_t> base = ChunkBase(lengths);
     ASSERT_EQ(base.back(), PackedChunks(50000));
     for (int64_t g = 0; g < base.back(); ++g) {
       EXPECT_EQ(PackedChunkOwner(base.data(), 100000, g), at);
