@@ -250,6 +250,12 @@ absl::Status ValidateSamplePackedScalars(const SamplePackedTokensArgs& args);
 // The data check of cu_seqlens (a private copy, `n_plus_1` values) against T:
 // the first bad i with its values.
 absl::Status CheckPackedCuSeqlens(const int32_t* cu, int64_t n_plus_1, int64_t total_tokens);
+// Its three messages, from the values alone (the CUDA twin records them on
+// the device and formats them here): cu[0] != 0; the first i with
+// cu[i + 1] < cu[i]; (cu non-decreasing) the first i with cu[i + 1] > T.
+absl::Status PackedCuStartError(int64_t cu0);
+absl::Status PackedCuDecreasingError(int64_t i, int64_t cu_i, int64_t cu_next);
+absl::Status PackedCuPastEndError(int64_t i, int64_t cu_next, int64_t total_tokens);
 // T' of valid cu_seqlens data (the caller checked it with
 // CheckPackedCuSeqlens) under the args' keep rule.
 int64_t PackedKeptTokens(const int32_t* cu, int64_t n_plus_1, const SamplePackedTokensArgs& args);

@@ -138,27 +138,35 @@ absl::Status ValidateSamplePackedTokens(const SamplePackedTokensArgs& a) {
   return CheckOverlaps(a);
 }
 
+absl::Status PackedCuStartError(int64_t cu0) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("cu_seqlens: cu_seqlens[0] is ", cu0, ", expected 0"));
+}
+
+absl::Status PackedCuDecreasingError(int64_t i, int64_t cu_i, int64_t cu_next) {
+  return absl::InvalidArgumentError(absl::StrCat("cu_seqlens: decreasing at sequence i = ", i,
+                                                 ": cu_seqlens[", i, "] = ", cu_i, " > cu_seqlens[",
+                                                 i + 1, "] = ", cu_next));
+}
+
+absl::Status PackedCuPastEndError(int64_t i, int64_t cu_next, int64_t total_tokens) {
+  return absl::InvalidArgumentError(absl::StrCat("cu_seqlens: sequence i = ", i,
+                                                 " ends at cu_seqlens[", i + 1, "] = ", cu_next,
+                                                 ", past total_tokens T = ", total_tokens));
+}
+
 absl::Status CheckPackedCuSeqlens(const int32_t* cu, int64_t n_plus_1, int64_t total_tokens) {
   if (n_plus_1 < 1) return absl::OkStatus();
-  if (cu[0] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cu_seqlens: cu_seqlens[0] is ", cu[0], ", expected 0"));
-  }
+  if (cu[0] != 0) return PackedCuStartError(cu[0]);
   for (int64_t i = 0; i + 1 < n_plus_1; ++i) {
-    if (cu[i + 1] < cu[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("cu_seqlens: decreasing at sequence i = ", i,
-                                                     ": cu_seqlens[", i, "] = ", cu[i],
-                                                     " > cu_seqlens[", i + 1, "] = ", cu[i + 1]));
-    }
+    if (cu[i + 1] < cu[i]) return PackedCuDecreasingError(i, cu[i], cu[i + 1]);
   }
   const int64_t last = cu[n_plus_1 - 1];
   if (last > total_tokens) {
     // Report the first sequence that ends past T (cu is non-decreasing).
     int64_t i = 0;
     while (cu[i + 1] <= total_tokens) ++i;
-    return absl::InvalidArgumentError(absl::StrCat("cu_seqlens: sequence i = ", i,
-                                                   " ends at cu_seqlens[", i + 1, "] = ", cu[i + 1],
-                                                   ", past total_tokens T = ", total_tokens));
+    return PackedCuPastEndError(i, cu[i + 1], total_tokens);
   }
   return absl::OkStatus();
 }

@@ -34,8 +34,10 @@
 //       the invalid-data path the exact INVALID_ARGUMENT message the CPU
 //       implementation gives for the data the device validated (computed by
 //       running the CPU op on host copies of the workspace snapshots, not of
-//       the client's tensors; the error path may be slow), or INTERNAL for a
-//       CUDA error. `ws` must be the workspace Async used, untouched since.
+//       the client's tensors; the error path may be slow; SamplePackedTokens
+//       instead formats the CPU's text from a few words its kernels recorded,
+//       so its host copy does not grow with N), or INTERNAL for a CUDA
+//       error. `ws` must be the workspace Async used, untouched since.
 //
 // On the invalid-data path nothing has been written to any output.
 // Thread-safety: concurrent calls are fine on different streams and

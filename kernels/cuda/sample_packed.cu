@@ -3,40 +3,47 @@
 // layer l is SampleTokens' row (l, b = i) with S = n_i, R = r_i, selected by
 // the same block-wide radix select (select.cuh) over the same Philox keys.
 //
-// Launches, in stream order (workspace: SamplePackedTokensLayout):
-//   1. ResetStatusAsync; LaunchSnapshot copies cu_seqlens (client memory)
-//      once into the workspace. Every later kernel reads only that copy.
+// Launches, in stream order (workspace: SamplePackedTokensLayout; which
+// sequence takes which path: sample_packed_plan.h):
+//   1. ResetStatusAsync and a zeroed report; LaunchSnapshot copies
+//      cu_seqlens (client memory) once into the workspace. Every later
+//      kernel reads only that copy.
 //   2. PackedCheckKernel, grid-stride over i in [0, N]: cu[0] == 0, cu
-//      non-decreasing, cu[N] <= T, else SetInvalid (the message comes from
-//      the host in Finish); stores r_i (PackedKeep, sample_math.h) at
-//      kept[i + 1] and 0 at kept[0].
-//   3. PackedScanKernel, one block: inclusive prefix sums of kept in tiles
-//      (cub::BlockScan with a running total; no cub::Device* call, whose
-//      kernels the static checks cannot hold to 0 spills), then compares
-//      kept[N] = T' with the dims sized by the caller (ids, positions, out):
+//      non-decreasing, cu[i + 1] <= T, else SetInvalid, and the report gets
+//      cu[0] and the first i of each kind of error (Finish formats the
+//      message from these few words); stores r_i (PackedKeep, sample_math.h)
+//      at kept[i + 1] and the chunk count of a long sequence at
+//      chunk_base[i + 1] (0 at [0]).
+//   3. LaunchPackedScan (sample_packed_scan.cu): inclusive prefix sums of
+//      kept and of chunk_base over many blocks (tile sums, their scan in
+//      one block, then the tiles), then compares kept[N] = T' (recorded in
+//      the report) with the dims sized by the caller (ids, positions, out):
 //      a mismatch is invalid data too.
-//   4. PackedSampleKernel<kInverse>, one 256-thread block per task (l, i),
-//      grid-stride over L * N tasks (no launch limit on N): returns at once
-//      when the status word is set; BlockSelectThreshold + BlockEmitSelected
-//      write ids, positions and inverse of the sequence, and, for the fused
-//      gather, the ids again into the workspace (the gather never reads the
-//      client's ids back).
-//   5. PackedTailKernel, grid-stride: cu_seqlens_kept = kept (int32) and
+//   4. PackedSampleKernel<kInverse>, one 256-thread block per short task
+//      (l, i), grid-stride over L * N tasks (no launch limit on N): returns
+//      at once when the status word is set, skips long sequences;
+//      BlockSelectThreshold + BlockEmitSelected write ids, positions and
+//      inverse of the sequence, and, for the fused gather, the ids again
+//      into the workspace (the gather never reads the client's ids back).
+//   5. When T admits a long sequence: the long path (sample_packed_long.cu,
+//      one block per (layer, chunk of 4096 tokens), the same select rule
+//      spread over the chunks); gated like 4.
+//   6. PackedTailKernel, grid-stride: cu_seqlens_kept = kept (int32) and
 //      inverse = -1 for tokens at or past cu[N]; gated like 4.
-//   6. The fused gather (L = 1): the row-copy engine (copy_kernels.cuh)
+//   7. The fused gather (L = 1): the row-copy engine (copy_kernels.cuh)
 //      copies activations row gather_ids[k] to out row k; gated.
-// Work balance: a block handles one sequence, so a pack of millions of short
-// sequences fills the device, but one very long sequence runs on one block
-// (its radix select recomputes its keys on each pass), and the scan of step 3
-// is one block (N / 1024 dependent tiles); docs/gpu.md.
+// Work balance: no block handles more than 8192 tokens of a sequence, so
+// millions of short sequences and a few very long ones both fill the
+// device; the serial parts are the scan of the N / 4096 tile sums in step 3
+// and of the long path's chunk counts (G / 1024 tiles per layer)
+// (docs/gpu.md).
 // Every address the write kernels form comes from the workspace: the
-// snapshot (validated) and kept (computed from it); slots stay below r_i
-// (EmitSlot's bound), so a sequence writes only its own slice.
+// snapshot (validated), kept and chunk_base (computed from it); slots stay
+// below r_i (EmitSlot's bound), so a sequence writes only its own slice.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cub/cub.cuh>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -45,6 +52,8 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/sample_keys.cuh"
+#include "kernels/cuda/sample_packed_internal.cuh"
+#include "kernels/cuda/sample_packed_plan.h"
 #include "kernels/cuda/select.cuh"
 #include "kernels/cuda/snapshot.cuh"
 #include "kernels/cuda/status.cuh"
@@ -59,81 +68,48 @@ namespace {
 
 constexpr int kPackedThreads = 256;
 constexpr int kPackedItems = 2;  // one Philox draw = one position pair
-constexpr int kScanItems = 4;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
 
 struct KeepRule {
   int64_t num, den, min_tokens;
 };
 
+// Records the lowest i of one kind of error in the report (~i, atomicMax).
+__device__ __forceinline__ void ReportFirst(long long* report, int word, int64_t i) {
+  atomicMax(reinterpret_cast<unsigned long long*>(report + word),
+            ~static_cast<unsigned long long>(i));
+}
+
 __global__ void __launch_bounds__(kPackedThreads)
     PackedCheckKernel(const int32_t* __restrict__ cu, int64_t n, int64_t total_tokens,
-                      KeepRule rule, long long* __restrict__ kept, Workspace ws) {
+                      KeepRule rule, long long* __restrict__ kept,
+                      long long* __restrict__ chunk_base, long long* __restrict__ report,
+                      Workspace ws) {
   const int64_t step = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i <= n; i += step) {
     if (i == 0) {
       kept[0] = 0;
+      chunk_base[0] = 0;
+      report[kPackedReportCu0] = cu[0];
       if (cu[0] != 0) SetInvalid(ws, 0);
     }
-    if (i == n) {
-      if (cu[n] > total_tokens) SetInvalid(ws, n);
-      continue;
-    }
+    if (i == n) continue;
     const int64_t len = int64_t{cu[i + 1]} - cu[i];
-    if (len < 0) SetInvalid(ws, i + 1);
+    if (len < 0) {
+      ReportFirst(report, kPackedReportDecreasing, i);
+      SetInvalid(ws, i + 1);
+    }
+    if (cu[i + 1] > total_tokens) {
+      ReportFirst(report, kPackedReportPastEnd, i);
+      SetInvalid(ws, i + 1);
+    }
     // Invalid lengths count 0: the prefix sums of bad data stay in range
     // (the status word is set by then; nothing reads them but the scan).
-    kept[i + 1] =
-        len < 0 || len > total_tokens ? 0 : PackedKeep(len, rule.num, rule.den, rule.min_tokens);
+    const bool ok = len >= 0 && len <= total_tokens;
+    kept[i + 1] = ok ? PackedKeep(len, rule.num, rule.den, rule.min_tokens) : 0;
+    chunk_base[i + 1] = ok ? PackedChunks(len) : 0;
   }
 }
-
-// In-place inclusive prefix sums of kept[1..n] (kept[0] = 0), then T' =
-// kept[n] against the caller's dims. One block.
-__global__ void __launch_bounds__(kPackedThreads)
-    PackedScanKernel(long long* __restrict__ kept, int64_t n, int64_t ids_dim, int64_t pos_dim,
-                     int64_t out_dim, Workspace ws) {
-  using Scan = cub::BlockScan<long long, kPackedThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  constexpr int64_t kTile = int64_t{kPackedThreads} * kScanItems;
-  long long running = 0;
-  for (int64_t tile = 1; tile <= n; tile += kTile) {
-    const int64_t first = tile + int64_t{threadIdx.x} * kScanItems;
-    long long items[kScanItems];
-    long long sum = 0;
-#pragma unroll
-    for (int j = 0; j < kScanItems; ++j) {
-      items[j] = first + j <= n ? kept[first + j] : 0;
-      sum += items[j];
-    }
-    long long before = 0, total = 0;
-    Scan(scan).ExclusiveSum(sum, before, total);
-    __syncthreads();  // the scan storage is reused by the next tile
-    long long value = running + before;
-#pragma unroll
-    for (int j = 0; j < kScanItems; ++j) {
-      value += items[j];
-      if (first + j <= n) kept[first + j] = value;
-    }
-    running += total;
-  }
-  if (threadIdx.x == 0) {
-    // The caller sized its outputs with T' (a dim < 0 means "absent").
-    const long long t_kept = running;
-    if (t_kept != ids_dim || (pos_dim >= 0 && t_kept != pos_dim) ||
-        (out_dim >= 0 && t_kept != out_dim)) {
-      SetInvalid(ws, n + 1);
-    }
-  }
-}
-
-struct PackedOutputs {
-  TensorView ids;        // int32 [L,T']
-  TensorView positions;  // int32 [L,T'] (data null when absent)
-  TensorView inverse;    // int32 [L,T] (kInverse)
-  int32_t* gather_ids;   // workspace, [T'] (null without out)
-  bool ids_aligned, pos_aligned, inv_aligned;
-};
 
 template <bool kInverse>
 __global__ void __launch_bounds__(kPackedThreads)
@@ -148,36 +124,16 @@ __global__ void __launch_bounds__(kPackedThreads)
     const int64_t i = DivMod(task, n, &l);
     const int64_t first = cu[i];
     const int64_t len = int64_t{cu[i + 1]} - first;
+    if (PackedIsLong(len)) continue;  // sample_packed_long.cu (uniform)
     const int64_t base = kept[i];
     const int64_t r = kept[i + 1] - base;
     const SampleKeyFn key_of{SampleKey(seed), l, i, step};
     const BlockThreshold<uint64_t> t =
         BlockSelectThreshold<uint64_t, kPackedThreads, kPackedItems>(key_of, len, r, sh);
-    const int64_t id_row = l * o.ids.strides[0];
-    const int64_t pos_row = l * o.positions.strides[0];
-    const int64_t inv_row = kInverse ? l * o.inverse.strides[0] : 0;
+    const PackedWriter<kInverse> w{o, l, first, base};
     BlockEmitSelected<uint64_t, kPackedThreads, kPackedItems>(
-        key_of, len, r, t, sh,
-        [&](int64_t position, int64_t slot) {
-          const int64_t k = base + slot;
-          const auto id = static_cast<int32_t>(first + position);
-          StoreI32(o.ids.data, id_row + k * o.ids.strides[1], id, o.ids_aligned);
-          if (o.positions.data != nullptr) {
-            StoreI32(o.positions.data, pos_row + k * o.positions.strides[1],
-                     static_cast<int32_t>(position), o.pos_aligned);
-          }
-          if (o.gather_ids != nullptr) o.gather_ids[k] = id;
-          if (kInverse) {
-            StoreI32(o.inverse.data, inv_row + (first + position) * o.inverse.strides[1],
-                     static_cast<int32_t>(k), o.inv_aligned);
-          }
-        },
-        [&](int64_t position) {
-          if (kInverse) {
-            StoreI32(o.inverse.data, inv_row + (first + position) * o.inverse.strides[1], -1,
-                     o.inv_aligned);
-          }
-        },
+        key_of, len, r, t, sh, [&](int64_t position, int64_t slot) { w.Kept(position, slot); },
+        [&](int64_t position) { w.Dropped(position); },
         /*visit_all=*/kInverse);
     __syncthreads();  // shared memory is reused by the next task
   }
@@ -239,14 +195,19 @@ absl::Status SamplePackedTokensAsync(const SamplePackedTokensArgs& args, Workspa
   const int64_t n = layout.n_plus_1 - 1, L = args.layers, T = args.total_tokens;
   auto* cu = static_cast<int32_t*>(SectionAt(ws, layout.cu));
   auto* kept = static_cast<long long*>(SectionAt(ws, layout.kept));
+  auto* chunk_base = static_cast<long long*>(SectionAt(ws, layout.chunk_base));
+  auto* report = static_cast<long long*>(SectionAt(ws, layout.report));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(report, 0, kPackedReportWords * sizeof(long long), stream));
   RETURN_IF_ERROR(LaunchSnapshot(args.cu_seqlens, cu, stream));
   const KeepRule rule{args.keep_num, args.keep_den, args.min_tokens};
   ASSIGN_OR_RETURN(const unsigned check_grid, GridFor(n + 1, kPackedThreads));
-  PackedCheckKernel<<<check_grid, kPackedThreads, 0, stream>>>(cu, n, T, rule, kept, ws);
+  PackedCheckKernel<<<check_grid, kPackedThreads, 0, stream>>>(cu, n, T, rule, kept, chunk_base,
+                                                               report, ws);
   CUDA_RETURN_IF_LAUNCH_ERROR("PackedCheckKernel");
-  PackedScanKernel<<<1, kPackedThreads, 0, stream>>>(
-      kept, n, args.ids.shape[1], DimOrAbsent(args.positions, 1), DimOrAbsent(args.out, 0), ws);
-  CUDA_RETURN_IF_LAUNCH_ERROR("PackedScanKernel");
+  RETURN_IF_ERROR(LaunchPackedScan(
+      kept, chunk_base, n, static_cast<long long*>(SectionAt(ws, layout.scan_sums)),
+      {args.ids.shape[1], DimOrAbsent(args.positions, 1), DimOrAbsent(args.out, 0)}, report, ws,
+      stream));
 
   PackedOutputs o{args.ids, TensorView{}, TensorView{}, nullptr, ElementsAligned(args.ids),
                   true,     true};
@@ -271,6 +232,22 @@ absl::Status SamplePackedTokensAsync(const SamplePackedTokensArgs& args, Workspa
     }
     CUDA_RETURN_IF_LAUNCH_ERROR("PackedSampleKernel");
   }
+  if (layout.max_chunks > 0) {
+    const PackedLongArgs long_args{
+        cu,
+        kept,
+        chunk_base,
+        n,
+        L,
+        layout.max_chunks,
+        layout.long_slots,
+        args.seed,
+        args.step,
+        static_cast<PackedLongState*>(SectionAt(ws, layout.long_state)),
+        static_cast<uint32_t*>(SectionAt(ws, layout.long_hist)),
+        static_cast<unsigned long long*>(SectionAt(ws, layout.chunk_counts))};
+    RETURN_IF_ERROR(LaunchPackedLong(long_args, o, args.inverse.has_value(), ws, stream));
+  }
   const TensorView inverse = args.inverse ? *args.inverse : TensorView{};
   const int64_t tail = n + 1 + (args.inverse ? L * T : 0);
   ASSIGN_OR_RETURN(const unsigned tail_grid, GridFor(tail, kPackedThreads));
@@ -292,15 +269,24 @@ absl::Status SamplePackedTokensFinish(const SamplePackedTokensArgs& args, Worksp
                                       Stream stream) {
   ASSIGN_OR_RETURN(const HostStatus status, ReadStatus(ws, stream));
   if (!status.invalid) return absl::OkStatus();
-  // The message from the snapshot the device checked (N+1 int32: no copy of
-  // any large tensor on the error path).
+  // The message from what the check and scan kernels recorded (the report)
+  // and, for a bad pair, its two snapshot values: a fixed few words, the
+  // same text as the CPU (the helpers of CheckPackedCuSeqlens).
   const SamplePackedLayout layout = SamplePackedTokensLayout(args);
-  std::vector<int32_t> cu(static_cast<size_t>(layout.n_plus_1));
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(cu.data(), SectionAt(ws, layout.cu), cu.size() * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost));
-  const int64_t n_plus_1 = layout.n_plus_1;
-  RETURN_IF_ERROR(CheckPackedCuSeqlens(cu.data(), n_plus_1, args.total_tokens));
-  RETURN_IF_ERROR(CheckPackedKeptDims(args, PackedKeptTokens(cu.data(), n_plus_1, args)));
+  long long report[kPackedReportWords];
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(report, SectionAt(ws, layout.report), sizeof(report), cudaMemcpyDeviceToHost));
+  if (report[kPackedReportCu0] != 0) return PackedCuStartError(report[kPackedReportCu0]);
+  const auto* cu = static_cast<const int32_t*>(SectionAt(ws, layout.cu));
+  for (const int word : {kPackedReportDecreasing, kPackedReportPastEnd}) {
+    if (report[word] == 0) continue;
+    const auto i = static_cast<int64_t>(~static_cast<unsigned long long>(report[word]));
+    int32_t pair[2];  // cu[i], cu[i + 1] (i < N)
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(pair, cu + i, sizeof(pair), cudaMemcpyDeviceToHost));
+    if (word == kPackedReportDecreasing) return PackedCuDecreasingError(i, pair[0], pair[1]);
+    return PackedCuPastEndError(i, pair[1], args.total_tokens);
+  }
+  RETURN_IF_ERROR(CheckPackedKeptDims(args, report[kPackedReportKept]));
   return absl::InternalError(
       "SamplePackedTokens: device flagged invalid data but the CPU oracle accepts it");
 }

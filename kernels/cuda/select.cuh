@@ -136,13 +136,18 @@ __device__ BlockThreshold<K> BlockSelectThreshold(const KeyFn& key_of, int64_t n
 // Emits the selected positions in ascending order: emit(position, slot) for
 // every taken position, skip(position) for every other one (SampleTokens uses
 // it for the inverse; TopK passes a no-op). Every thread must call it.
+// `before` is the packed (#keys == T) << 32 | (#keys > T) of the row's keys
+// before key_of's position 0, when the n keys are one part of a longer row
+// (SamplePackedTokens' chunks of a long sequence): slots then count from the
+// row's start, and r is the whole row's.
 template <typename K, int kThreads, int kItems, typename KeyFn, typename Emit, typename Skip>
 __device__ void BlockEmitSelected(const KeyFn& key_of, int64_t n, int64_t r,
                                   const BlockThreshold<K>& t, SelectShared<kThreads>& sh,
-                                  const Emit& emit, const Skip& skip, bool visit_all) {
+                                  const Emit& emit, const Skip& skip, bool visit_all,
+                                  unsigned long long before_part = 0) {
   constexpr int64_t kTile = int64_t{kThreads} * kItems;
   constexpr unsigned long long kEq = 1ull << 32;  // packed (eq << 32) | gt
-  unsigned long long running = 0;                 // totals of earlier tiles
+  unsigned long long running = before_part;       // totals of earlier tiles
   for (int64_t tile = 0; tile < n; tile += kTile) {
     const int64_t first = tile + int64_t{threadIdx.x} * kItems;
     K keys[kItems];

@@ -1,6 +1,7 @@
 // Workspace layouts of the CUDA ops (contracts: workspace_layout.h).
 #include "kernels/cuda/workspace_layout.h"
 
+#include "kernels/cuda/sample_packed_plan.h"
 #include "kernels/gather_math.h"
 #include "kernels/segment_math.h"
 #include "kernels/sort_math.h"
@@ -114,8 +115,19 @@ SamplePackedLayout SamplePackedTokensLayout(const SamplePackedTokensArgs& args) 
   if (!ValidateSamplePackedTokens(args).ok()) return l;
   l.n_plus_1 = args.cu_seqlens.shape[0];
   WorkspaceLayout w;
+  l.report = w.Add({kPackedReportWords, 8});
   l.cu = w.Add({l.n_plus_1, 4});
   l.kept = w.Add({l.n_plus_1, 8});
+  l.chunk_base = w.Add({l.n_plus_1, 8});
+  l.scan_sums = w.Add({2, PackedScanTiles(l.n_plus_1 - 1), 8});
+  const int64_t L = args.layers;
+  l.max_chunks = l.n_plus_1 > 1 && L > 0 ? PackedMaxChunks(args.total_tokens) : 0;
+  if (l.max_chunks > 0) {
+    l.long_slots = PackedLongSlots(l.max_chunks);
+    l.long_state = w.Add({L, l.long_slots, kPackedLongStateBytes});
+    l.long_hist = w.Add({L, l.long_slots, kPackedLongHistBytes});
+    l.chunk_counts = w.Add({L, l.max_chunks, 8});
+  }
   if (args.out.has_value()) l.gather_ids = w.Add({args.ids.shape[1], 4});
   l.total = w.total();
   return l;

@@ -157,15 +157,28 @@ struct SegmentLayout {
 };
 SegmentLayout SegmentSeqlensLayout(const SegmentSeqlensArgs& args);
 
-// SamplePackedTokens:
-//   [status][snapshot of cu_seqlens, N+1 int32][kept: r_i, then their
-//   inclusive prefix sums, N+1 int64][with out: the ids the gather reads,
-//   ids' dim 1 (= T' when the data is valid) int32]
+// SamplePackedTokens (the plan: sample_packed_plan.h):
+//   [status][report, kPackedReportWords int64][snapshot of cu_seqlens, N+1
+//   int32][kept: r_i, then their inclusive prefix sums, N+1 int64]
+//   [chunk_base: chunks of each sequence, then their inclusive prefix sums,
+//   N+1 int64][scan_sums: the tile sums of both scans, 2 *
+//   PackedScanTiles(N) int64][when a long sequence fits (max_chunks > 0): select states
+//   L * long_slots * 32 B, histograms L * long_slots * 1 KiB, chunk counts
+//   L * max_chunks uint64][with out: the ids the gather reads, ids' dim 1
+//   (= T' when the data is valid) int32]
 struct SamplePackedLayout {
   int64_t n_plus_1 = 0;
+  int64_t max_chunks = 0;  // PackedMaxChunks(T), 0 when N == 0 or L == 0
+  int64_t long_slots = 0;  // PackedLongSlots(max_chunks)
+  size_t report = 0;
   size_t cu = 0;
   size_t kept = 0;
-  size_t gather_ids = 0;  // 0 without out
+  size_t chunk_base = 0;
+  size_t scan_sums = 0;
+  size_t long_state = 0;    // 0 when max_chunks == 0
+  size_t long_hist = 0;     // 0 when max_chunks == 0
+  size_t chunk_counts = 0;  // 0 when max_chunks == 0
+  size_t gather_ids = 0;    // 0 without out
   size_t total = kDeviceStatusBytes;
 };
 SamplePackedLayout SamplePackedTokensLayout(const SamplePackedTokensArgs& args);

@@ -1,4 +1,5 @@
-// GPU conformance of SortTokens, TopKTokens, SampleTokens and SamplePackedTokens: the CUDA op and
+// GPU conformance of SortTokens, TopKTokens and SampleTokens (SamplePackedTokens:
+// sample_packed_gpu_test.cc): the CUDA op and
 // the CPU op (the oracle) run on byte-identical host tensors (random data,
 // both index dtypes, padded / strided / misaligned views, large S), and the
 // whole backing stores must end up byte-identical, gaps included, with the
@@ -8,12 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <random>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -363,167 +361,6 @@ TEST_F(SortTopKSampleGpuTest, SampleMatchesCpuBitForBit) {
 TEST_F(SortTopKSampleGpuTest, SampleWithMasks) {
   RunSample(2, 2, 64, 24, 42, 1, DType::kInt32, true, 1, rng_);   // bert, Sq = 1
   RunSample(2, 2, 64, 24, 42, 1, DType::kInt64, false, 2, rng_);  // gpt
-}
-
-// --------------------------------------------------------- SamplePackedTokens
-
-struct PackedGpuCase {
-  std::vector<int32_t> cu;
-  int64_t total_tokens;
-  int64_t keep_num, keep_den, min_tokens;
-  int64_t layers;
-  int64_t kept_dim;  // dim 1 of ids / positions, dim 0 of out (T' when valid)
-  bool positions, inverse;
-  int64_t channels;  // > 0: activations and out (layers must be 1)
-};
-
-void RunPacked(const PackedGpuCase& c, std::mt19937_64& rng) {
-  const int64_t n_plus_1 = static_cast<int64_t>(c.cu.size());
-  std::vector<Twin*> twins;
-  auto cu = MakeTwin(DType::kInt32, {n_plus_1}, {.pad = {}, .misalign = 4}, 2,
-                     [&](TestTensor& t, Twin& twin) {
-                       t.Fill(0x7F);
-                       const TensorView v = twin.View(t);
-                       for (int64_t i = 0; i < n_plus_1; ++i) {
-                         std::memcpy(v.At(i * v.strides[0]), &c.cu[i], 4);
-                       }
-                     });
-  twins.push_back(cu.get());
-  auto cu_kept = MakeTwin(DType::kInt32, {n_plus_1}, {}, 1, Sentinel);
-  twins.push_back(cu_kept.get());
-  auto ids =
-      MakeTwin(DType::kInt32, {c.layers, c.kept_dim}, {.pad = {0, 3}, .misalign = 0}, 1, Sentinel);
-  twins.push_back(ids.get());
-  std::unique_ptr<Twin> pos, inv, act, out;
-  if (c.positions) {
-    pos = MakeTwin(DType::kInt32, {c.layers, c.kept_dim}, {}, 1, Sentinel);
-    twins.push_back(pos.get());
-  }
-  if (c.inverse) {
-    inv = MakeTwin(DType::kInt32, {c.layers, c.total_tokens}, {.pad = {0, 1}, .misalign = 0}, 1,
-                   Sentinel);
-    twins.push_back(inv.get());
-  }
-  if (c.channels > 0) {
-    const uint64_t fill_seed = rng();
-    act =
-        MakeTwin(DType::kBFloat16, {c.total_tokens, c.channels}, {}, 1, [&](TestTensor& t, Twin&) {
-          std::mt19937_64 local(fill_seed);
-          t.FillRandom(local);
-        });
-    twins.push_back(act.get());
-    out = MakeTwin(DType::kBFloat16, {c.kept_dim, c.channels}, {.pad = {0, 5}, .misalign = 2}, 1,
-                   Sentinel);
-    twins.push_back(out.get());
-  }
-  const uint64_t seed = rng(), step = rng() >> 40;
-  Compare<SamplePackedTokensArgs>(
-      [&](const std::vector<TensorView>& v) {
-        SamplePackedTokensArgs a;
-        size_t i = 0;
-        a.cu_seqlens = v[i++];
-        a.cu_seqlens_kept = v[i++];
-        a.ids = v[i++];
-        if (c.positions) a.positions = v[i++];
-        if (c.inverse) a.inverse = v[i++];
-        if (c.channels > 0) {
-          a.activations = v[i++];
-          a.out = v[i++];
-        }
-        a.total_tokens = c.total_tokens;
-        a.keep_num = c.keep_num;
-        a.keep_den = c.keep_den;
-        a.min_tokens = c.min_tokens;
-        a.layers = c.layers;
-        a.seed = seed;
-        a.step = step;
-        return a;
-      },
-      twins, [](const SamplePackedTokensArgs& a) { return cpu::SamplePackedTokens(a, nullptr); },
-      SamplePackedTokensWorkspaceBytes, SamplePackedTokensAsync, SamplePackedTokensFinish);
-}
-
-// ids sized right (T' = 3) but positions with dim 1 = 4: the device's dims
-// check must flag it like the CPU, writing nothing.
-void RunPackedPositionsMismatch(std::mt19937_64& rng) {
-  std::vector<Twin*> twins;
-  const std::vector<int32_t> cu_values = {0, 4, 6};
-  auto cu = MakeTwin(DType::kInt32, {3}, {}, 1, [&](TestTensor& t, Twin&) {
-    for (int64_t i = 0; i < 3; ++i) t.SetIndex(i, cu_values[i]);
-  });
-  auto cu_kept = MakeTwin(DType::kInt32, {3}, {}, 1, Sentinel);
-  auto ids = MakeTwin(DType::kInt32, {1, 3}, {}, 1, Sentinel);
-  auto pos = MakeTwin(DType::kInt32, {1, 4}, {}, 1, Sentinel);
-  twins = {cu.get(), cu_kept.get(), ids.get(), pos.get()};
-  const uint64_t seed = rng();
-  Compare<SamplePackedTokensArgs>(
-      [&](const std::vector<TensorView>& v) {
-        SamplePackedTokensArgs a;
-        a.cu_seqlens = v[0];
-        a.cu_seqlens_kept = v[1];
-        a.ids = v[2];
-        a.positions = v[3];
-        a.total_tokens = 6;
-        a.keep_num = 1;
-        a.keep_den = 2;
-        a.layers = 1;
-        a.seed = seed;
-        return a;
-      },
-      twins, [](const SamplePackedTokensArgs& a) { return cpu::SamplePackedTokens(a, nullptr); },
-      SamplePackedTokensWorkspaceBytes, SamplePackedTokensAsync, SamplePackedTokensFinish);
-}
-
-int64_t PackedKept(const std::vector<int32_t>& cu, int64_t num, int64_t den, int64_t min_tokens) {
-  SamplePackedTokensArgs a;
-  a.keep_num = num;
-  a.keep_den = den;
-  a.min_tokens = min_tokens;
-  return PackedKeptTokens(cu.data(), static_cast<int64_t>(cu.size()), a);
-}
-
-TEST_F(SortTopKSampleGpuTest, SamplePackedMatchesCpuBitForBit) {
-  // Mixed lengths: empty, one token, odd, one past the radix tile, long.
-  std::vector<int32_t> mixed = {0};
-  for (int32_t n : {0, 1, 7, 513, 0, 3, 40000, 2, 1000}) mixed.push_back(mixed.back() + n);
-  // Many short sequences (more tasks than the grid's blocks).
-  std::vector<int32_t> many = {0};
-  for (int i = 0; i < 70000; ++i) many.push_back(many.back() + static_cast<int32_t>(rng_() % 6));
-  for (const auto& cu : {std::vector<int32_t>{0}, std::vector<int32_t>{0, 0}, mixed, many}) {
-    for (const auto& [num, den, min_tokens] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {1, 2, 1}, {1, 1, 0}, {0, 1, 0}, {3, 7, 2}}) {
-      const int64_t kept = PackedKept(cu, num, den, min_tokens);
-      const int64_t T = cu.back() + 3;
-      RunPacked({cu, T, num, den, min_tokens, 2, kept, true, true, 0}, rng_);
-      RunPacked({cu, T, num, den, min_tokens, 1, kept, false, false, 9}, rng_);
-      RunPacked({cu, T, num, den, min_tokens, 1, kept, true, true, 64}, rng_);
-    }
-  }
-  // The 128-bit keep rule on the device: keep_den near 2^63.
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  for (const auto& [num, den] : std::vector<std::pair<int64_t, int64_t>>{
-           {kMax - 1, kMax}, {kMax / 3, kMax}, {1, kMax}, {(int64_t{1} << 62) + 1, kMax}}) {
-    RunPacked({mixed, mixed.back(), num, den, 0, 1, PackedKept(mixed, num, den, 0), true, true, 0},
-              rng_);
-  }
-  // Empty pack (T = 0), no layers (L = 0).
-  RunPacked({{0}, 0, 1, 2, 0, 2, 0, true, true, 0}, rng_);
-  RunPacked({mixed, mixed.back(), 1, 2, 0, 0, PackedKept(mixed, 1, 2, 0), true, true, 0}, rng_);
-  // One sequence past the CPU's chunked-select threshold.
-  const std::vector<int32_t> long_cu = {0, (1 << 20) + 5, (1 << 20) + 9};
-  RunPacked({long_cu, long_cu.back(), 1, 3, 0, 1, PackedKept(long_cu, 1, 3, 0), true, true, 0},
-            rng_);
-}
-
-// Bad data: the same message as the CPU and nothing written (the Compare
-// checks every byte of every tensor against the CPU run, which writes none).
-TEST_F(SortTopKSampleGpuTest, SamplePackedBadDataWritesNothing) {
-  RunPacked({{1, 3}, 4, 1, 2, 0, 1, 1, true, true, 4}, rng_);       // cu[0] != 0
-  RunPacked({{0, 4, 2}, 4, 1, 2, 0, 1, 2, true, true, 4}, rng_);    // decreasing
-  RunPacked({{0, 5}, 4, 1, 2, 0, 1, 3, true, true, 4}, rng_);       // past T
-  RunPacked({{0, 4, 6}, 6, 1, 2, 0, 2, 4, true, true, 0}, rng_);    // T' = 3, not 4
-  RunPacked({{0, 4, 6}, 6, 1, 2, 0, 1, 2, false, false, 4}, rng_);  // T' = 3, not 2
-  RunPackedPositionsMismatch(rng_);                                 // ids right, positions not
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/sample_packed_plan.h"
 #include "kernels/ops.h"
 #include "kernels/sparse_rows.h"
 #include "tests/kernels/cuda/layout_test_util.h"
@@ -315,33 +316,60 @@ TEST(WorkspaceLayoutTest, SampleTokensComposesTheMaskWorkspace) {
   EXPECT_EQ(SampleTokensWorkspaceBytes(sample), kDeviceStatusBytes + bert_bytes);
 }
 
-// SamplePackedTokens: the snapshot of cu_seqlens, kept (int64) and, with
-// out, the gather's private ids, disjoint and inside; absent out adds none.
+// SamplePackedTokens: the report, the snapshot of cu_seqlens, kept and
+// chunk_base (int64), the long path's states, histograms and chunk counts
+// (only when T admits a long sequence and there is work), and, with out,
+// the gather's private ids: disjoint and inside; absent parts add none.
 TEST(WorkspaceLayoutTest, SamplePackedTokens) {
-  for (const int64_t n_plus_1 : {int64_t{1}, int64_t{2}, int64_t{65}, int64_t{1000001}}) {
-    for (const bool with_out : {false, true}) {
-      SamplePackedTokensArgs a;
-      a.cu_seqlens = View(0, DType::kInt32, {n_plus_1});
-      a.cu_seqlens_kept = View(1, DType::kInt32, {n_plus_1});
-      a.total_tokens = 5000;
-      a.keep_num = 1;
-      a.keep_den = 2;
-      a.layers = 1;
-      a.ids = View(2, DType::kInt32, {1, 777});
-      if (with_out) {
-        a.activations = View(3, DType::kBFloat16, {5000, 16});
-        a.out = View(4, DType::kBFloat16, {777, 16});
-      }
-      const SamplePackedLayout l = SamplePackedTokensLayout(a);
-      SCOPED_TRACE(n_plus_1);
-      EXPECT_EQ(l.n_plus_1, n_plus_1);
-      std::vector<Section> sections = {{"cu", l.cu, static_cast<uint64_t>(n_plus_1) * 4},
-                                       {"kept", l.kept, static_cast<uint64_t>(n_plus_1) * 8}};
-      if (with_out) sections.push_back({"gather_ids", l.gather_ids, 777 * 4});
-      ExpectSections(sections, l.total);
-      EXPECT_EQ(SamplePackedTokensWorkspaceBytes(a), l.total);
-      if (!with_out) {
-        EXPECT_EQ(l.gather_ids, 0u);
+  for (const int64_t T : {int64_t{5000}, kPackedLongMinTokens, int64_t{1} << 20}) {
+    for (const int64_t L : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+      for (const int64_t n_plus_1 : {int64_t{1}, int64_t{2}, int64_t{65}, int64_t{1000001}}) {
+        for (const bool with_out : {false, true}) {
+          if (with_out && L != 1) continue;
+          SamplePackedTokensArgs a;
+          a.cu_seqlens = View(0, DType::kInt32, {n_plus_1});
+          a.cu_seqlens_kept = View(1, DType::kInt32, {n_plus_1});
+          a.total_tokens = T;
+          a.keep_num = 1;
+          a.keep_den = 2;
+          a.layers = L;
+          a.ids = View(2, DType::kInt32, {L, 777});
+          if (with_out) {
+            a.activations = View(3, DType::kBFloat16, {T, 16});
+            a.out = View(4, DType::kBFloat16, {777, 16});
+          }
+          const SamplePackedLayout l = SamplePackedTokensLayout(a);
+          SCOPED_TRACE(testing::Message() << "T " << T << " L " << L << " N+1 " << n_plus_1);
+          EXPECT_EQ(l.n_plus_1, n_plus_1);
+          const int64_t max_chunks = L > 0 && n_plus_1 > 1 ? PackedMaxChunks(T) : 0;
+          EXPECT_EQ(l.max_chunks, max_chunks);
+          EXPECT_EQ(l.max_chunks > 0, T >= kPackedLongMinTokens && L > 0 && n_plus_1 > 1);
+          const auto n1 = static_cast<uint64_t>(n_plus_1);
+          std::vector<Section> sections = {
+              {"report", l.report, kPackedReportWords * 8},
+              {"cu", l.cu, n1 * 4},
+              {"kept", l.kept, n1 * 8},
+              {"chunk_base", l.chunk_base, n1 * 8},
+              {"scan_sums", l.scan_sums, 16 * static_cast<uint64_t>((n_plus_1 + 4094) / 4096)}};
+          if (max_chunks > 0) {
+            EXPECT_EQ(l.long_slots, PackedLongSlots(max_chunks));
+            const auto slots = static_cast<uint64_t>(L * l.long_slots);
+            sections.push_back({"long_state", l.long_state, slots * kPackedLongStateBytes});
+            sections.push_back({"long_hist", l.long_hist, slots * kPackedLongHistBytes});
+            sections.push_back(
+                {"chunk_counts", l.chunk_counts, static_cast<uint64_t>(L * max_chunks) * 8});
+          } else {
+            EXPECT_EQ(l.long_state, 0u);
+            EXPECT_EQ(l.long_hist, 0u);
+            EXPECT_EQ(l.chunk_counts, 0u);
+          }
+          if (with_out) sections.push_back({"gather_ids", l.gather_ids, 777 * 4});
+          ExpectSections(sections, l.total);
+          EXPECT_EQ(SamplePackedTokensWorkspaceBytes(a), l.total);
+          if (!with_out) {
+            EXPECT_EQ(l.gather_ids, 0u);
+          }
+        }
       }
     }
   }
@@ -349,6 +377,27 @@ TEST(WorkspaceLayoutTest, SamplePackedTokens) {
   bad.cu_seqlens = View(0, DType::kInt32, {2, 2});
   bad.keep_den = 1;
   EXPECT_EQ(SamplePackedTokensWorkspaceBytes(bad), kDeviceStatusBytes);
+}
+
+// The long path's sections grow with L * T, not with N: at most 0.14 bytes
+// per token per layer (a 1 KiB histogram per possible long sequence of
+// 8193 tokens), e.g. 3.4 GB for 12 layers of 2^31 - 1 tokens, 18 MB at the
+// server's default work bound L * T = 2^27.
+TEST(WorkspaceLayoutTest, SamplePackedLongPathBytes) {
+  SamplePackedTokensArgs a;
+  a.cu_seqlens = View(0, DType::kInt32, {2});
+  a.cu_seqlens_kept = View(1, DType::kInt32, {2});
+  a.total_tokens = kPackedMaxTokens;
+  a.keep_num = 1;
+  a.keep_den = 2;
+  a.layers = 12;
+  a.ids = View(2, DType::kInt32, {12, 1});
+  const SamplePackedLayout l = SamplePackedTokensLayout(a);
+  ASSERT_GT(l.max_chunks, 0);
+  const double per_token = static_cast<double>(l.total) / (12.0 * kPackedMaxTokens);
+  EXPECT_LT(per_token, 0.14);
+  EXPECT_GT(per_token, 0.12);  // the bound is reached: the test would see a change
+  EXPECT_GT(l.total, l.chunk_counts);
 }
 
 }  // namespace
