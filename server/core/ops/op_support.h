@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/sparse_rows.h"
 #include "kernels/tensor_view.h"
 #include "server/core/output_shapes.h"
 #include "server/core/tensor_spec.h"
@@ -50,6 +51,17 @@ inline uint64_t Rows(const TensorSpec& t) {
 // A bitmap of S bits per row (the CUDA kernels' duplicate checks).
 inline uint64_t BitmapWork(uint64_t rows, int64_t s) {
   return SaturatingMul(rows, NonNegative(s) / 64 + 1);
+}
+
+// The duplicate / range check of `rows` rows of n ids in [0, limit), by the
+// path the kernels take (kernels::PreferSortingToBitmap, both backends): a
+// bitmap of `limit` bits per row, or, for sparse rows, a sort of the ids:
+// 16 units per id (the rule's bound: never more than the bitmap it
+// replaces) and 64 per row (a row's fixed cost; the GPU sorts a padded tile
+// per row). So [192,3] ids with S = 2^31-1 cost ~2e4, not 192 * 2^25.
+inline uint64_t RowCheckWork(uint64_t rows, int64_t n, int64_t limit) {
+  if (!kernels::PreferSortingToBitmap(n, limit)) return BitmapWork(rows, limit);
+  return SaturatingMul(rows, SaturatingAdd(SaturatingMul(16, NonNegative(n)), 64));
 }
 
 // Sums product(shape) over the tensors handed to Add, plus scalars.

@@ -14,7 +14,9 @@ uint64_t ScatterTokensOp::EstimateWork(const Request& req) {
   sum.AddAll(req.layer, req.indices);
   const size_t seq_axis = req.batch_first ? 1 : 0;
   if (req.all.shape.size() > seq_axis) {
-    sum.AddScalar(ops_support::BitmapWork(ops_support::Rows(req.indices), req.all.shape[seq_axis]));
+    const int64_t r = req.indices.shape.empty() ? 0 : req.indices.shape.back();
+    sum.AddScalar(
+        ops_support::RowCheckWork(ops_support::Rows(req.indices), r, req.all.shape[seq_axis]));
   }
   return sum.total();
 }

@@ -15,7 +15,8 @@ static_assert(Operator<SortTokensOp>);
 uint64_t SortTokensOp::EstimateWork(const Request& req) {
   ops_support::WorkSum sum;
   sum.AddAll(req.ids, req.out, req.inverse);
-  sum.AddScalar(ops_support::BitmapWork(ops_support::Rows(req.ids), req.original_tokens));
+  const int64_t r = req.ids.shape.empty() ? 0 : req.ids.shape.back();
+  sum.AddScalar(ops_support::RowCheckWork(ops_support::Rows(req.ids), r, req.original_tokens));
   return sum.total();
 }
 

@@ -276,6 +276,42 @@ TEST_F(ExecutorErrorsTest, InlineOutputsAreBoundedByMaxInlineBytes) {
   EXPECT_THAT(tiny.Run(session_, sort), StatusIs(StatusCode::kResourceExhausted, "out:"));
 }
 
+// Rows the kernels check by sorting (kernels::PreferSortingToBitmap, on both
+// backends) cost their ids, not a bitmap of S bits each: [192,3] ids with
+// S = 2^31-1 (charged 192 * 2^25 before, refused by the default 2^27 limit)
+// now run under it. Dense rows keep the bitmap's cost.
+TEST_F(ExecutorErrorsTest, SparseRowsCostTheirIdsNotABitmapOfS) {
+  constexpr int64_t kS = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> values;
+  for (int32_t row = 0; row < 192; ++row) {
+    // Unique in each row but row 0, whose two zeros are mended below.
+    for (int32_t v : {static_cast<int32_t>(kS) - 1 - row, row * 1000003, row}) values.push_back(v);
+  }
+  values[1] = 7;
+  HostTensor ids = Int32Host({192, 3}, values);
+  core::SortTokensRequest sort;
+  sort.ids = Inline(ids);
+  sort.original_tokens = kS;
+  const uint64_t work = 192 * 3 + 192 * (16 * 3 + 64);  // the ids, then the sort path
+  EXPECT_EQ(core::EstimateOpWork(sort), work);
+  core::Executor bounded(&backend_, &registry_, nullptr,
+                         Limits(1 << 20, /*max_work=*/uint64_t{1} << 27));
+  EXPECT_OK(bounded.Run(session_, sort));
+  // Dense rows: S = 2048 for 3 ids is a bitmap of 33 words per row.
+  sort.original_tokens = 2048;
+  EXPECT_EQ(core::EstimateOpWork(sort), 192 * 3 + 192 * (2048 / 64 + 1));
+  // ScatterTokens: the same rule on its indices against `all`'s S.
+  core::ScatterTokensRequest scatter;
+  scatter.all = sort.ids;  // only shapes matter to the estimate
+  scatter.all.shape = {2, kS, 0};
+  scatter.layer = sort.ids;
+  scatter.layer.shape = {2, 3, 0};
+  scatter.indices = sort.ids;
+  scatter.indices.shape = {2, 3};
+  scatter.batch_first = true;
+  EXPECT_EQ(core::EstimateOpWork(scatter), 0 + 6 + 2 * (16 * 3 + 64));
+}
+
 // The work bound counts every tensor's shape (not its bytes), so zero-strided
 // views with huge shapes and few bytes are refused before anything runs.
 TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRuns) {
@@ -330,7 +366,11 @@ TEST_F(ExecutorErrorsTest, WorkAboveMaxOpWorkIsResourceExhaustedBeforeAnythingRu
   scatter.layer.shape = {3, 2, 0};
   scatter.indices.shape = {2, 3};
   scatter.batch_first = false;
-  EXPECT_EQ(core::EstimateOpWork(scatter), 6u + 2 * ((uint64_t{1} << 40) / 64 + 1));
+  // (sparse rows: sorted, 16 per id and 64 per row; see SparseRowsCost...)
+  EXPECT_EQ(core::EstimateOpWork(scatter), 6u + 2 * (16 * 3 + 64));
+  scatter.indices.shape = {2, int64_t{1} << 36};  // dense again: the bitmap of S bits
+  EXPECT_EQ(core::EstimateOpWork(scatter),
+            2 * (uint64_t{1} << 36) + 2 * ((uint64_t{1} << 40) / 64 + 1));
   // Negative dims count 0 (validation rejects them later with a precise error).
   req = valid;
   req.indices.shape = {-2, 3};
