@@ -251,10 +251,16 @@ absl::Status CudaBackend::RunTyped(const Args& args) {
     // it; a fault of a concurrent op is caught by that op.
     // Only the stream's own status is this device's: the thread's last error
     // was consumed by the launch checks (or is stale, see Acquire).
+    // The "out of service" suffix goes only on an op whose drain itself
+    // failed (after a sticky error every stream of the context reports it,
+    // so this says "the device was dead when this op drained"): an op that
+    // answered bad data while its own drain succeeded gets its error alone,
+    // even if another op broke the device meanwhile.
     const cudaError_t drained = cudaStreamSynchronize(lease.stream);
     (void)cudaGetLastError();
-    NoteError(drained, "an op's stream");
-    st = WithFailure(std::move(st));
+    if (NoteError(drained, "an op's stream") && drained != cudaSuccess) {
+      st = WithFailure(std::move(st));
+    }
   }
   Release(lease);
   return st;
