@@ -33,6 +33,8 @@
 #include <cub/cub.cuh>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/copy_kernels.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/sample_keys.cuh"
 #include "kernels/cuda/sample_packed_internal.cuh"
@@ -282,8 +284,12 @@ __global__ void __launch_bounds__(kLongThreads)
 absl::Status LaunchPackedLong(const PackedLongArgs& a, const PackedOutputs& o, bool inverse,
                               Workspace ws, Stream stream) {
   // Fits: the workspace (checked by the caller) holds L * max_chunks counts.
+  // The kernels grid-stride over the tasks, so the grid is the device's
+  // resident capacity (GridFor), not one block per possible chunk: most
+  // calls have few or no long sequences, and an idle block still pays its
+  // launch and its owner search.
   const int64_t tasks = a.layers * a.max_chunks;
-  const auto grid = static_cast<unsigned>(tasks < kMaxBlocks ? tasks : kMaxBlocks);
+  ASSIGN_OR_RETURN(const unsigned grid, GridFor(tasks, 1));
   PackedLongInitKernel<<<grid, kLongThreads, 0, stream>>>(a, ws);
   CUDA_RETURN_IF_LAUNCH_ERROR("PackedLongInitKernel");
   for (int pass = 0; pass < kPackedLongPasses; ++pass) {

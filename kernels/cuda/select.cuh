@@ -136,7 +136,7 @@ __device__ BlockThreshold<K> BlockSelectThreshold(const KeyFn& key_of, int64_t n
 // Emits the selected positions in ascending order: emit(position, slot) for
 // every taken position, skip(position) for every other one (SampleTokens uses
 // it for the inverse; TopK passes a no-op). Every thread must call it.
-// `before` is the packed (#keys == T) << 32 | (#keys > T) of the row's keys
+// `before_part` is the packed (#keys == T) << 32 | (#keys > T) of the row's keys
 // before key_of's position 0, when the n keys are one part of a longer row
 // (SamplePackedTokens' chunks of a long sequence): slots then count from the
 // row's start, and r is the whole row's.

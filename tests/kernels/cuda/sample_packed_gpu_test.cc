@@ -256,7 +256,7 @@ TEST_F(SamplePackedGpuTest, MillionsOfSequences) {
   RunPacked({cu, cu.back(), 1, 2, 1, 1, kept + 1, false, false, 0}, rng_);  // T' mismatch
 }
 
-// Bad data that would take the long path// Bad data that would take the long path: nothing written,
+// Bad data that would take the long path: nothing written,
 // the CPU's message (from the device's report, not a host copy of cu_seqlens).
 TEST_F(SamplePackedGpuTest, LongPathBadData) {
   const int32_t big = 1 << 16;

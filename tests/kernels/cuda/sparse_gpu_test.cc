@@ -10,6 +10,7 @@
 // dtypes, strided and misaligned views, in place, out, and the inverse.
 // Skips with "no CUDA device: ..." when there is no device.
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <unordered_set>
@@ -69,6 +70,9 @@ struct SortCase {
   bool inverse;
   Layout layout;  // of the ids
   IndexError error = IndexError::kNone;
+  std::vector<int64_t> values = {};  // given ids (rows * r); empty: random SparseIds
+  int64_t out_step = 1;              // last stride of out (mode 1)
+  int64_t inverse_misalign = 4;      // bytes
 };
 
 void RunSort(const SortCase& c, std::mt19937_64& rng) {
@@ -77,17 +81,19 @@ void RunSort(const SortCase& c, std::mt19937_64& rng) {
   shape.push_back(c.r);
   int64_t rows = 1;
   for (int64_t n : c.rows) rows *= n;
-  auto ids = MakeIndices(c.dtype, shape, SparseIds(rows, c.r, c.s, c.error, rng), c.layout, rng);
+  auto ids = MakeIndices(c.dtype, shape,
+                         c.values.empty() ? SparseIds(rows, c.r, c.s, c.error, rng) : c.values,
+                         c.layout, rng);
   std::vector<Twin*> twins = {ids.get()};
   std::unique_ptr<Twin> out, inv;
   if (c.mode == 1) {
-    out = MakeTwin(c.dtype, shape, {}, 1, rng);
+    out = MakeTwin(c.dtype, shape, {}, c.out_step, rng);
     twins.push_back(out.get());
   }
   if (c.inverse) {
     std::vector<int64_t> inv_shape = c.rows;
     inv_shape.push_back(c.s);
-    inv = MakeTwin(DType::kInt32, inv_shape, {.pad = {}, .misalign = 4}, 1, rng);
+    inv = MakeTwin(DType::kInt32, inv_shape, {.pad = {}, .misalign = c.inverse_misalign}, 1, rng);
     twins.push_back(inv.get());
   }
   const int mode = c.mode;
@@ -191,6 +197,54 @@ TEST_F(SparseGpuTest, SortErrorsWriteNothing) {
       if (e != IndexError::kDuplicate) RunSort({dtype, {7}, kMaxS, 1, 0, false, {}, e}, rng_);
     }
   }
+}
+
+// Fixed edge cases (review of the first version): duplicates that meet only
+// in the last merge pass, tile-exact rows, int64 ids that alias in 32 bits,
+// the padding value and the extremes as ids, a strided out, an unaligned
+// inverse.
+TEST_F(SparseGpuTest, SortFixedEdges) {
+  auto distinct = [&](int64_t n, int64_t s) { return SparseIds(1, n, s, IndexError::kNone, rng_); };
+  for (DType dtype : kIdTypes) {
+    SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype));
+    for (int64_t r : {1023, 1024, 2048}) {
+      RunSort({dtype, {1}, kMaxS, r, 1, false, {}, IndexError::kNone, distinct(r, kMaxS)}, rng_);
+    }
+    std::vector<int64_t> v = distinct(2048, kMaxS);
+    v[2047] = v[0];  // tiles 0 and 1
+    RunSort({dtype, {1}, kMaxS, 2048, 1, false, {}, IndexError::kNone, v}, rng_);
+    v = distinct(5000, kMaxS);
+    v[4500] = v[10];  // tiles 0 and 4: adjacent only after the last merge pass
+    RunSort({dtype, {1}, kMaxS, 5000, 0, false, {}, IndexError::kNone, v}, rng_);
+    RunSort({dtype, {1}, kMaxS, 3, 1, false, {}, IndexError::kNone, {5, kMaxS, 7}}, rng_);
+    RunSort({dtype, {1}, kMaxS, 3, 1, false, {}, IndexError::kNone, {5, kMaxS - 1, 7}}, rng_);
+    RunSort({dtype, {2}, 100000, 3, 1, true, {}, IndexError::kNone, {9, 3, 99999, 0, 1, 2}, 2, 2},
+            rng_);
+  }
+  const int64_t k32 = int64_t{1} << 32, k40 = int64_t{1} << 40;
+  RunSort({DType::kInt64, {1}, k40, 3, 1, false, {}, IndexError::kNone, {5, k32 + 5, 7}}, rng_);
+  RunSort({DType::kInt64, {1}, k40, 3, 1, false, {}, IndexError::kNone, {5, k32 + 5, k32 + 5}},
+          rng_);
+  RunSort({DType::kInt64,
+           {1},
+           k40,
+           3,
+           0,
+           false,
+           {},
+           IndexError::kNone,
+           {5, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}},
+          rng_);
+  RunSort({DType::kInt32,
+           {1},
+           kMaxS,
+           3,
+           0,
+           false,
+           {},
+           IndexError::kNone,
+           {5, std::numeric_limits<int32_t>::min(), 7}},
+          rng_);
 }
 
 TEST_F(SparseGpuTest, ScatterSparseRows) {
