@@ -1,9 +1,10 @@
 // The long sequences of CUDA SamplePackedTokens (n_i >= kPackedLongMinTokens;
 // plan and bounds: sample_packed_plan.h), balanced by tokens: a long
 // sequence is cut into chunks of kPackedChunkTokens tokens and every pass
-// runs one 256-thread block per (layer, chunk), grid-stride over L * G tasks
-// (G = chunk_base[N], read on the device; the grid is sized from the host
-// bound PackedMaxChunks(T), capped at 65536 blocks). The same select as the
+// runs one 256-thread block's task per (layer, chunk), grid-stride over
+// L * G tasks (G = chunk_base[N], read on the device; the grid is GridFor's
+// resident capacity of the device, at most the host bound L *
+// PackedMaxChunks(T) tasks). The same select as the
 // short path (select.cuh), spread over blocks:
 //   1. PackedLongInitKernel: per (layer, long sequence) its state (r == 0
 //      and r == n are final at once, as in BlockSelectThreshold) and a zero

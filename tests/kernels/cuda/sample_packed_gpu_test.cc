@@ -198,7 +198,8 @@ TEST_F(SamplePackedGpuTest, MatchesCpuBitForBit) {
 }
 
 // The long path (sample_packed_long.cu: sequences of >= kPackedLongMinTokens
-// tokens, one block per (layer, chunk of 4096)): every byte against the CPU.
+// tokens, one block's task per (layer, chunk of 4096), grid-stride): every
+// byte against the CPU.
 TEST_F(SamplePackedGpuTest, LongPathMatchesCpu) {
   // One sequence of 2^20 tokens, every keep ratio from nothing to all
   // (r_i = 0, 1, n_i / 1000, n_i / 3, n_i / 2, n_i - 1, n_i), L = 3.
@@ -214,6 +215,13 @@ TEST_F(SamplePackedGpuTest, LongPathMatchesCpu) {
     const int64_t kept = PackedKept(one, num, den, min_tokens);
     RunPacked({one, one.back() + 5, num, den, min_tokens, 3, kept, true, true, 0}, rng_);
     RunPacked({one, one.back(), num, den, min_tokens, 1, kept, false, false, 4}, rng_);
+  }
+  // More (layer, chunk) tasks than any device's resident grid (GridFor: 8
+  // blocks per SM): L = 8 x 256 chunks = 2048 tasks, so blocks take several
+  // tasks each and reuse their shared memory across them.
+  for (const auto& [num, den] : std::vector<std::pair<int64_t, int64_t>>{{1, 3}, {1, 1}}) {
+    RunPacked({one, one.back(), num, den, 0, 8, PackedKept(one, num, den, 0), false, false, 0},
+              rng_);
   }
   // The path boundary (8192 short, 8193 long) and chunk boundaries, between
   // empty sequences.

@@ -200,7 +200,8 @@ TEST_F(SparseGpuTest, SortErrorsWriteNothing) {
 }
 
 // Fixed edge cases (review of the first version): duplicates that meet only
-// in the last merge pass, tile-exact rows, int64 ids that alias in 32 bits,
+// in the last merge pass, tile-exact rows, int64 ids that would be valid if
+// truncated to 32 bits,
 // the padding value and the extremes as ids, a strided out, an unaligned
 // inverse.
 TEST_F(SparseGpuTest, SortFixedEdges) {
@@ -221,20 +222,15 @@ TEST_F(SparseGpuTest, SortFixedEdges) {
     RunSort({dtype, {2}, 100000, 3, 1, true, {}, IndexError::kNone, {9, 3, 99999, 0, 1, 2}, 2, 2},
             rng_);
   }
-  const int64_t k32 = int64_t{1} << 32, k40 = int64_t{1} << 40;
-  RunSort({DType::kInt64, {1}, k40, 3, 1, false, {}, IndexError::kNone, {5, k32 + 5, 7}}, rng_);
-  RunSort({DType::kInt64, {1}, k40, 3, 1, false, {}, IndexError::kNone, {5, k32 + 5, k32 + 5}},
-          rng_);
-  RunSort({DType::kInt64,
-           {1},
-           k40,
-           3,
-           0,
-           false,
-           {},
-           IndexError::kNone,
-           {5, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}},
-          rng_);
+  // int64 ids that a 32-bit truncation would make valid (2^32+5 -> 5,
+  // INT64_MIN -> 0) and the int64 padding value; S <= INT32_MAX by contract.
+  const int64_t k32 = int64_t{1} << 32;
+  for (const std::vector<int64_t>& v :
+       std::vector<std::vector<int64_t>>{{k32 + 5, 6, 7},
+                                         {5, std::numeric_limits<int64_t>::min(), 7},
+                                         {5, std::numeric_limits<int64_t>::max(), 7}}) {
+    RunSort({DType::kInt64, {1}, kMaxS, 3, 1, false, {}, IndexError::kNone, v}, rng_);
+  }
   RunSort({DType::kInt32,
            {1},
            kMaxS,
