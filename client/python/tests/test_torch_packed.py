@@ -145,8 +145,10 @@ def test_matches_pure_pytorch_on_reference_ids(client, arena, pack, use_arena):
             assert torch.equal(cu_seen, kept)
             assert pos_seen.tolist() == pos[layer].tolist()
             assert max_seen == (int(lens.max()) if lens.numel() else 0)
-        if ids.shape[1]:  # padding tokens pass every layer unchanged but for the plain blocks
-            assert int(ids.max()) < int(cu[-1])
+        used = ltd._state[1].ids  # what the wrapper sampled: the reference's, no padding token
+        assert torch.equal(used, torch.as_tensor(ids))
+        if used.shape[1]:
+            assert int(used.max()) < int(cu[-1])
     assert ltd.samples == 3  # one SamplePackedTokens per forward, for both layers
 
 

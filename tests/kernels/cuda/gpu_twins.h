@@ -101,6 +101,23 @@ void Compare(const std::function<Args(const std::vector<TensorView>&)>& make_arg
 
 enum class IndexError { kNone, kOutOfRange, kNegative, kDuplicate };
 
+// One `error` at a random position of `values` (rows of n ids in [0, s)):
+// a duplicate of an earlier id of its row, a negative id, or one >= s.
+inline void InjectIndexError(std::vector<int64_t>* values, int64_t n, int64_t s, IndexError error,
+                             std::mt19937_64& rng) {
+  std::vector<int64_t>& v = *values;
+  if (error == IndexError::kNone || v.empty()) return;
+  const size_t at = rng() % v.size();
+  const int64_t pos = static_cast<int64_t>(at) % n;
+  if (error == IndexError::kDuplicate && pos > 0) {
+    v[at] = v[at - 1 - rng() % pos];
+  } else if (error == IndexError::kNegative) {
+    v[at] = -1 - static_cast<int64_t>(rng() % 7);
+  } else {
+    v[at] = s + static_cast<int64_t>(rng() % 3);
+  }
+}
+
 // `rows` rows of `n` indices in [0, s): unique per row when `unique` (n <= s),
 // then one error injected at a random position.
 inline std::vector<int64_t> RandomIndices(int64_t rows, int64_t n, int64_t s, bool unique,
@@ -119,17 +136,7 @@ inline std::vector<int64_t> RandomIndices(int64_t rows, int64_t n, int64_t s, bo
       }
     }
   }
-  if (error != IndexError::kNone && !values.empty()) {
-    const size_t at = rng() % values.size();
-    const int64_t pos = static_cast<int64_t>(at) % n;
-    if (error == IndexError::kDuplicate && pos > 0) {
-      values[at] = values[at - 1 - rng() % pos];
-    } else if (error == IndexError::kNegative) {
-      values[at] = -1 - static_cast<int64_t>(rng() % 7);
-    } else {
-      values[at] = s + static_cast<int64_t>(rng() % 3);
-    }
-  }
+  InjectIndexError(&values, n, s, error, rng);
   return values;
 }
 

@@ -47,17 +47,7 @@ std::vector<int64_t> SparseIds(int64_t rows, int64_t n, int64_t s, IndexError er
       if (seen.insert(v).second) values.push_back(v);
     }
   }
-  if (error != IndexError::kNone && !values.empty()) {
-    const size_t at = rng() % values.size();
-    const int64_t pos = static_cast<int64_t>(at) % n;
-    if (error == IndexError::kDuplicate && pos > 0) {
-      values[at] = values[at - 1 - rng() % pos];
-    } else if (error == IndexError::kNegative) {
-      values[at] = -1 - static_cast<int64_t>(rng() % 7);
-    } else {
-      values[at] = s + static_cast<int64_t>(rng() % 3);
-    }
-  }
+  gputest::InjectIndexError(&values, n, s, error, rng);
   return values;
 }
 
