@@ -4,7 +4,8 @@
 No GPU is needed. For every kernels/cuda/*.cu file of the build, the file is
 recompiled with EXACTLY the flags of the build (its compile_commands.json
 entry: same nvcc, same -gencode list for sm_80 and sm_90, same defines) plus
-`-Xptxas -v --keep`, into a scratch directory. Then:
+`-Xptxas -v --keep`, device code only (`--fatbin` for `-c`), into a scratch
+directory. Then:
 
  1. ptxas report: every entry function, for every target architecture
     (sm_80 and sm_90 both required), has 0 bytes stack frame, 0 bytes spill
@@ -93,7 +94,10 @@ def load_entries(build_dir):
 
 
 def rewrite_args(args, obj, keep_dir, source_map):
-    """The build's nvcc command with -o redirected, no depfile, -v added."""
+    """The build's nvcc command with -o redirected, no depfile, -v added, and
+    --fatbin for -c: the device code of every -gencode target exactly as the
+    build compiles it (same flags, same ptxas), without the host compilation
+    that an object needs and these checks do not (half the time of -c)."""
     out = []
     skip = 0
     for i, a in enumerate(args):
@@ -105,6 +109,8 @@ def rewrite_args(args, obj, keep_dir, source_map):
             continue
         if a == "-MD":
             continue
+        if a == "-c":
+            a = "--fatbin"
         if source_map:
             a = a.replace(source_map[0], source_map[1])
         out.append(a)
@@ -282,7 +288,7 @@ def compile_one(entry, work, source_map):
     name = os.path.basename(entry["file"])
     keep = os.path.join(work, name + ".keep")
     os.makedirs(keep, exist_ok=True)
-    obj = os.path.join(work, name + ".o")
+    obj = os.path.join(work, name + ".fatbin")
     args = rewrite_args(entry["args"], obj, keep, source_map)
     r = subprocess.run(args, cwd=entry["directory"], capture_output=True, text=True)
     return name, obj, keep, r

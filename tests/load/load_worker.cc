@@ -70,7 +70,10 @@ void AddLatencies(const std::vector<std::unique_ptr<LoadThread>>& threads, LoadR
     for (const auto& [code, v] : t->latencies_us())
       all[code].insert(all[code].end(), v.begin(), v.end());
   }
-  for (auto& [code, v] : all) {
+  for (auto& [code, latencies] : all) {
+    // A named reference: clang 14 (the asan preset) cannot capture a
+    // structured binding in a lambda.
+    std::vector<int64_t>& v = latencies;
     std::sort(v.begin(), v.end());
     auto at = [&](double q) {
       return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
