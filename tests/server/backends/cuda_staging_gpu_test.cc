@@ -1,0 +1,150 @@
+// Stream-ordered staging on a real device (issue 12 item 2; label `gpu`,
+// skips without a GPU, built only when this build has CUDA). Inline inputs
+// are copied to the device and inline outputs zero-filled and copied back on
+// the op's own non-blocking stream; staged anywhere else (the legacy stream,
+// unsynchronized), a kernel could read an input before its copy landed or a
+// fill could clear a result after the kernel wrote it. Many concurrent
+// requests with large inline tensors, each compared with the CPU backend's
+// answer, make such a race show; the pools must then be in a steady state.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "gtest/gtest.h"
+#include "server/backends/cpu_backend.h"
+#include "server/backends/cuda_backend.h"
+#include "server/backends/cuda_devices.h"
+#include "server/core/buffer_registry.h"
+#include "server/core/executor.h"
+#include "tests/server/core/fake_region_mapper.h"
+#include "tests/testing/gpu_device.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::testing {
+namespace {
+
+using kernels::DType;
+
+// GatherTokens [B, S, C] fp32 with R random distinct indices per row, all
+// inline; `seed` varies the data.
+struct GatherCase {
+  std::vector<float> acts;
+  std::vector<int32_t> idx;
+  core::GatherTokensRequest req;
+};
+GatherCase MakeCase(int64_t B, int64_t S, int64_t C, int64_t R, uint32_t seed) {
+  GatherCase c;
+  std::mt19937 rng(seed);
+  c.acts.resize(static_cast<size_t>(B * S * C));
+  for (float& v : c.acts) v = static_cast<float>(rng() % 100000);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int32_t> perm(static_cast<size_t>(S));
+    for (int64_t s = 0; s < S; ++s) perm[s] = static_cast<int32_t>(s);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    c.idx.insert(c.idx.end(), perm.begin(), perm.begin() + R);
+  }
+  c.req.activations.source = core::TensorSpec::Source::kInline;
+  c.req.activations.dtype = DType::kFloat32;
+  c.req.activations.shape = {B, S, C};
+  c.req.activations.inline_data =
+      absl::string_view(reinterpret_cast<const char*>(c.acts.data()), c.acts.size() * 4);
+  c.req.indices.source = core::TensorSpec::Source::kInline;
+  c.req.indices.dtype = DType::kInt32;
+  c.req.indices.shape = {B, R};
+  c.req.indices.inline_data =
+      absl::string_view(reinterpret_cast<const char*>(c.idx.data()), c.idx.size() * 4);
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<backends::CudaBackend>> FirstDevice() {
+  const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
+  if (devices.empty())
+    return absl::NotFoundError("the CUDA runtime sees a device, ListCudaDevices none");
+  return backends::CudaBackend::Create(devices[0].uuid);
+}
+
+struct Node {
+  FakeRegionMapper host;
+  FakeRegionMapper device{core::MemoryKind::kCudaDevice};
+  core::BufferRegistry registry{&host, &device, core::RegistryLimits(), nullptr};
+};
+
+TEST(CudaStagingGpuTest, ConcurrentInlineRequestsMatchTheCpu) {
+  TOKENSEL_REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<backends::CudaBackend>> cuda = FirstDevice();
+  ASSERT_OK(cuda);
+  backends::CpuBackend cpu(2);
+  Node node;
+  core::ExecutorLimits limits;
+  core::Executor on_gpu(cuda->get(), &node.registry, nullptr, limits);
+  core::Executor on_cpu(&cpu, &node.registry, nullptr, limits);
+
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 20;
+  auto wave = [&](uint32_t base) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < kRounds; ++round) {
+          // ~2 MiB of activations, 1 MiB of output: copies that take time.
+          GatherCase c = MakeCase(4, 1024, 128, 512, base + t * 1000 + round);
+          absl::StatusOr<core::OpResult> want = on_cpu.Run("s", c.req);
+          absl::StatusOr<core::OpResult> got = on_gpu.Run("s", c.req);
+          ASSERT_OK(want);
+          ASSERT_OK(got);
+          ASSERT_EQ(got->outputs.size(), 1u);
+          ASSERT_EQ(got->outputs[0].data, want->outputs[0].data)
+              << "thread " << t << " round " << round;
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+  };
+  wave(1);
+  const int64_t staging = (*cuda)->staging_pool().allocations();
+  const int64_t pinned = (*cuda)->pinned_pool().allocations();
+  const int64_t workspaces = (*cuda)->workspace_allocations();
+  EXPECT_LE(staging, 3 * kThreads);
+  wave(2);  // the same sizes: everything comes from the pools
+  EXPECT_EQ((*cuda)->staging_pool().allocations(), staging);
+  EXPECT_EQ((*cuda)->pinned_pool().allocations(), pinned);
+  EXPECT_EQ((*cuda)->workspace_allocations(), workspaces);
+  EXPECT_EQ((*cuda)->staging_pool().blocks_in_use(), 0u);
+  EXPECT_EQ((*cuda)->pinned_pool().blocks_in_use(), 0u);
+  EXPECT_LE((*cuda)->staging_pool().cached_bytes(), backends::CudaBackend::kMaxCachedStagingBytes);
+}
+
+TEST(CudaStagingGpuTest, InPlaceInlineIdsComeBackSorted) {
+  TOKENSEL_REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<backends::CudaBackend>> cuda = FirstDevice();
+  ASSERT_OK(cuda);
+  Node node;
+  core::Executor on_gpu(cuda->get(), &node.registry, nullptr, core::ExecutorLimits());
+  for (const int64_t R : {1, 7, 4096}) {
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) ids[r] = static_cast<int32_t>(2 * (R - 1 - r));
+    core::SortTokensRequest req;
+    req.ids.source = core::TensorSpec::Source::kInline;
+    req.ids.dtype = DType::kInt32;
+    req.ids.shape = {1, R};
+    req.ids.inline_data =
+        absl::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+    req.original_tokens = 2 * R;
+    absl::StatusOr<core::OpResult> got = on_gpu.Run("s", req);
+    ASSERT_OK(got);
+    ASSERT_EQ(got->outputs.size(), 1u);
+    std::vector<int32_t> out(static_cast<size_t>(R));
+    ASSERT_EQ(got->outputs[0].data.size(), out.size() * 4);
+    std::memcpy(out.data(), got->outputs[0].data.data(), out.size() * 4);
+    for (int64_t r = 0; r < R; ++r) EXPECT_EQ(out[r], 2 * r) << "R " << R;
+  }
+}
+
+}  // namespace
+}  // namespace tokensel::testing

@@ -1,0 +1,479 @@
+// StreamLease and BlockPool without a device (issue 12 item 2): a fake
+// StreamDevice records every call with the stream it was issued on, and is
+// lazy like a real stream: copies, fills and kernels are queued and run only
+// when the stream is synchronized (Finish / Drain). So a lease that read the
+// caller's memory late, read pinned memory before the sync, or issued
+// anything off the op's stream gives wrong results or a wrong log here.
+// The device's memory is host memory (the kernels are the CPU's).
+#include "server/backends/stream_lease.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "server/backends/block_pool.h"
+#include "server/core/buffer_registry.h"
+#include "server/core/executor.h"
+#include "tests/server/core/fake_region_mapper.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::testing {
+namespace {
+
+using ::absl::StatusCode;
+using backends::BlockPool;
+using backends::StreamDevice;
+using backends::StreamLease;
+using backends::StreamPools;
+using kernels::DType;
+using kernels::TensorView;
+using ::testing::ElementsAre;
+
+// One recorded device call: what, and on which stream.
+struct Call {
+  std::string what;  // "h2d" "zero" "kernel" "d2h" "sync" "drain"
+  StreamDevice::Stream stream;
+  bool operator==(const Call& o) const { return what == o.what && stream == o.stream; }
+};
+std::ostream& operator<<(std::ostream& os, const Call& c) {
+  return os << c.what << "@" << reinterpret_cast<uintptr_t>(c.stream);
+}
+
+class FakeStreamDevice final : public StreamDevice {
+ public:
+  absl::StatusOr<Stream> AcquireStream() override {
+    if (!usable) return absl::UnavailableError("fake device out of service");
+    if (free_.empty()) {
+      ++streams_created;
+      return reinterpret_cast<Stream>(uintptr_t{0x1000} * streams_created);
+    }
+    Stream s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  void ReleaseStream(Stream s) override { free_.push_back(s); }
+  absl::Status CopyToDevice(void* dst, const void* src, uint64_t n, Stream s) override {
+    if (++h2d_count == fail_h2d_at) return absl::InternalError("injected h2d failure");
+    return Enqueue("h2d", s, [=] { std::memcpy(dst, src, n); });
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t n, Stream s) override {
+    return Enqueue("d2h", s, [=] { std::memcpy(dst, src, n); });
+  }
+  absl::Status Zero(void* dst, uint64_t n, Stream s) override {
+    return Enqueue("zero", s, [=] { std::memset(dst, 0, n); });
+  }
+  uint64_t WorkspaceBytes(core::OpArgs) const override { return workspace_bytes; }
+  absl::Status Launch(core::OpArgs args, kernels::cuda::Workspace ws, Stream s) override {
+    EXPECT_NE(ws.data, nullptr);
+    if (fail_launch) return absl::InternalError("injected launch failure");
+    return Enqueue("kernel", s, [this, args] {
+      kernel_status =
+          std::visit([](const auto* a) { return kernels::cpu::Run(*a, nullptr); }, args);
+    });
+  }
+  absl::Status Finish(core::OpArgs, kernels::cuda::Workspace, Stream s) override {
+    RunQueue("sync", s);
+    return kernel_status;
+  }
+  absl::Status Drain(Stream s, absl::Status status) override {
+    RunQueue("drain", s);
+    return status;
+  }
+  absl::Status CheckUsable() const override {
+    return usable ? absl::OkStatus() : absl::UnavailableError("fake device out of service");
+  }
+
+  std::vector<Call> log;
+  int streams_created = 0;
+  int h2d_count = 0;
+  int fail_h2d_at = 0;  // 1-based; 0 = never
+  bool fail_launch = false;
+  bool usable = true;
+  uint64_t workspace_bytes = 256;
+  absl::Status kernel_status;
+  size_t free_streams() const { return free_.size(); }
+  size_t queued(Stream s) { return queue_[s].size(); }
+
+ private:
+  absl::Status Enqueue(const char* what, Stream s, std::function<void()> f) {
+    log.push_back(Call{what, s});
+    queue_[s].push_back(std::move(f));
+    return absl::OkStatus();
+  }
+  void RunQueue(const char* what, Stream s) {
+    log.push_back(Call{what, s});
+    for (auto& f : queue_[s]) f();
+    queue_[s].clear();
+  }
+  std::vector<Stream> free_;
+  std::map<Stream, std::vector<std::function<void()>>> queue_;
+};
+
+// A pool over malloc that counts, and can be told to fail.
+struct CountingPool {
+  CountingPool(const char* name, size_t granule, size_t cap)
+      : pool(
+            name, granule, cap,
+            [this](size_t bytes) -> absl::StatusOr<void*> {
+              if (fail || bytes > (size_t{1} << 30)) {
+                return absl::ResourceExhaustedError("injected allocation failure");
+              }
+              ++mallocs;
+              void* p = std::malloc(bytes);
+              std::memset(p, 0xAB, bytes);  // stale bytes, as a reused block has
+              return p;
+            },
+            [this](void* p) {
+              ++frees;
+              std::free(p);
+            }) {}
+  int mallocs = 0;
+  int frees = 0;
+  bool fail = false;
+  BlockPool pool;
+};
+
+class StreamLeaseTest : public ::testing::Test {
+ protected:
+  StreamPools pools() { return StreamPools{&pinned_.pool, &staging_.pool, &workspaces_.pool}; }
+  std::unique_ptr<StreamLease> Begin() {
+    absl::StatusOr<std::unique_ptr<StreamLease>> lease = StreamLease::Begin(&device_, pools());
+    EXPECT_OK(lease);
+    return lease.ok() ? *std::move(lease) : nullptr;
+  }
+  size_t InUse() {
+    return pinned_.pool.blocks_in_use() + staging_.pool.blocks_in_use() +
+           workspaces_.pool.blocks_in_use();
+  }
+
+  FakeStreamDevice device_;
+  CountingPool pinned_{"pinned", 4096, 64 << 10};
+  CountingPool staging_{"staging", 4096, 64 << 10};
+  CountingPool workspaces_{"workspaces", 1 << 20, 4 << 20};
+};
+
+// GatherTokens [B=2,S=3,C=2] fp32 with R=2: staged activations and indices,
+// output staged and read back. Returns the output the lease read back.
+std::vector<float> RunGather(StreamLease& lease, std::vector<float> acts, std::vector<int32_t> idx,
+                             absl::Status* status) {
+  absl::StatusOr<core::RequestLease::Staged> a =
+      lease.StageInput(acts.data(), acts.size() * 4, false);
+  absl::StatusOr<core::RequestLease::Staged> i =
+      lease.StageInput(idx.data(), idx.size() * 4, false);
+  absl::StatusOr<core::RequestLease::Staged> o = lease.StageOutput(2 * 2 * 2 * 4);
+  if (!a.ok() || !i.ok() || !o.ok()) {
+    *status = !a.ok() ? a.status() : !i.ok() ? i.status() : o.status();
+    return {};
+  }
+  // The caller's memory changes right after staging (the client owns it):
+  // the lease read it once, at StageInput.
+  std::fill(acts.begin(), acts.end(), -7.f);
+  std::fill(idx.begin(), idx.end(), 99);
+  kernels::GatherTokensArgs args{TensorView::Contiguous(a->data, DType::kFloat32, {2, 3, 2}),
+                                 TensorView::Contiguous(i->data, DType::kInt32, {2, 2}),
+                                 TensorView::Contiguous(o->data, DType::kFloat32, {2, 2, 2}), true};
+  *status = lease.Run(args);
+  if (!status->ok()) return {};
+  std::vector<float> out(8, -1.f);
+  *status = lease.ReadBack(o->slot, out.data(), out.size() * 4);
+  return out;
+}
+
+const std::vector<float> kActs = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
+const std::vector<int32_t> kIdx = {2, 0, 1, 1 + 1};
+// out[b,r,:] = acts[b, idx[b,r], :]
+const std::vector<float> kGathered = {4, 5, 0, 1, 12, 13, 14, 15};
+
+TEST_F(StreamLeaseTest, EveryCallIsOnTheOpStreamInOrder) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  ASSERT_NE(lease, nullptr);
+  const StreamDevice::Stream s = lease->stream();
+  absl::Status status;
+  EXPECT_THAT(RunGather(*lease, kActs, kIdx, &status), ::testing::ElementsAreArray(kGathered));
+  ASSERT_OK(status);
+  EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s},
+                                       Call{"kernel", s}, Call{"d2h", s}, Call{"sync", s}));
+}
+
+TEST_F(StreamLeaseTest, AnInOutTensorIsCopiedBackAfterTheKernel) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  const StreamDevice::Stream s = lease->stream();
+  // SortTokens in place on ids [1,3] (S = 5): sorted ascending.
+  std::vector<int32_t> ids = {4, 0, 2};
+  absl::StatusOr<core::RequestLease::Staged> staged = lease->StageInput(ids.data(), 12, true);
+  ASSERT_OK(staged);
+  kernels::SortTokensArgs args;
+  args.ids = TensorView::Contiguous(staged->data, DType::kInt32, {1, 3});
+  args.original_tokens = 5;
+  ASSERT_OK(lease->Run(args));
+  std::vector<int32_t> out(3);
+  ASSERT_OK(lease->ReadBack(staged->slot, out.data(), 12));
+  EXPECT_THAT(out, ElementsAre(0, 2, 4));
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"h2d", s}, Call{"kernel", s}, Call{"d2h", s}, Call{"sync", s}));
+}
+
+TEST_F(StreamLeaseTest, ConcurrentLeasesHaveTheirOwnStreams) {
+  std::unique_ptr<StreamLease> a = Begin();
+  std::unique_ptr<StreamLease> b = Begin();
+  EXPECT_NE(a->stream(), b->stream());
+  const StreamDevice::Stream sa = a->stream();
+  a.reset();
+  std::unique_ptr<StreamLease> c = Begin();
+  EXPECT_EQ(c->stream(), sa) << "the stream went back to the pool";
+  EXPECT_EQ(device_.streams_created, 2);
+}
+
+TEST_F(StreamLeaseTest, TheSteadyStateAllocatesNothing) {
+  for (int round = 0; round < 5; ++round) {
+    std::unique_ptr<StreamLease> lease = Begin();
+    absl::Status status;
+    EXPECT_THAT(RunGather(*lease, kActs, kIdx, &status), ::testing::ElementsAreArray(kGathered));
+    ASSERT_OK(status);
+  }
+  EXPECT_EQ(pinned_.mallocs, 3);  // one block per staged tensor, the first time only
+  EXPECT_EQ(staging_.mallocs, 3);
+  EXPECT_EQ(workspaces_.mallocs, 1);
+  EXPECT_EQ(InUse(), 0u);
+  EXPECT_EQ(pinned_.frees + staging_.frees + workspaces_.frees, 0);
+}
+
+TEST_F(StreamLeaseTest, AnOutputIsZeroedOnTheStreamNotAtOnce) {
+  // A reused block holds stale bytes; the zero fill is queued on the stream
+  // (before the kernel), so it lands when the stream runs, not on the host
+  // at once: here the stale bytes written after StageOutput are cleared when
+  // the lease drains its stream at the end.
+  void* data = nullptr;
+  {
+    std::unique_ptr<StreamLease> lease = Begin();
+    absl::StatusOr<core::RequestLease::Staged> o = lease->StageOutput(16);
+    ASSERT_OK(o);
+    data = o->data;
+    EXPECT_EQ(static_cast<unsigned char*>(data)[0], 0xAB) << "nothing ran on the host";
+    std::memset(data, 0x5A, 16);
+  }
+  // The block is idle in the pool (still allocated): the queued fill ran.
+  EXPECT_EQ(std::vector<char>(static_cast<char*>(data), static_cast<char*>(data) + 16),
+            std::vector<char>(16, 0));
+}
+
+TEST_F(StreamLeaseTest, StagingCostIsBothBlocksRounded) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  EXPECT_EQ(lease->StagingCost(0), 2u * 4096);
+  EXPECT_EQ(lease->StagingCost(4097), 2u * 8192);
+  EXPECT_EQ(lease->StagingCost(UINT64_MAX), UINT64_MAX);
+  EXPECT_THAT(lease->StageInput("", uint64_t{1} << 63 | 1, false).status(),
+              StatusIs(StatusCode::kResourceExhausted));
+}
+
+TEST_F(StreamLeaseTest, IdleStagingIsTrimmedToTheCap) {
+  // 128 KiB tensors: each alone exceeds the 64 KiB cap, so each is freed on
+  // release; small ones stay cached.
+  std::vector<char> big(128 << 10, 1);
+  {
+    std::unique_ptr<StreamLease> lease = Begin();
+    ASSERT_OK(lease->StageInput(big.data(), big.size(), false));
+    ASSERT_OK(lease->StageInput(big.data(), 100, false));
+  }
+  EXPECT_LE(pinned_.pool.cached_bytes(), pinned_.pool.max_cached_bytes());
+  EXPECT_LE(staging_.pool.cached_bytes(), staging_.pool.max_cached_bytes());
+  EXPECT_EQ(pinned_.frees, 1);
+  EXPECT_EQ(staging_.frees, 1);
+  EXPECT_EQ(pinned_.pool.cached_blocks(), 1u);
+  EXPECT_EQ(InUse(), 0u);
+}
+
+TEST_F(StreamLeaseTest, AFailedCopyDrainsAndReturnsEverything) {
+  device_.fail_h2d_at = 2;
+  {
+    std::unique_ptr<StreamLease> lease = Begin();
+    absl::Status status;
+    RunGather(*lease, kActs, kIdx, &status);
+    EXPECT_THAT(status, StatusIs(StatusCode::kInternal, "injected h2d failure"));
+    EXPECT_EQ(device_.free_streams(), 0u);
+  }
+  const StreamDevice::Stream s = reinterpret_cast<StreamDevice::Stream>(0x1000);
+  // The first copy and the output's fill were queued (RunGather stages all
+  // three before it looks at the errors): the lease drained them before
+  // their blocks went back to the pools.
+  EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"zero", s}, Call{"drain", s}));
+  EXPECT_EQ(device_.queued(s), 0u);
+  EXPECT_EQ(InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+}
+
+TEST_F(StreamLeaseTest, AFailedLaunchDrainsAndReturnsEverything) {
+  device_.fail_launch = true;
+  {
+    std::unique_ptr<StreamLease> lease = Begin();
+    const StreamDevice::Stream s = lease->stream();
+    absl::Status status;
+    RunGather(*lease, kActs, kIdx, &status);
+    EXPECT_THAT(status, StatusIs(StatusCode::kInternal, "injected launch failure"));
+    EXPECT_THAT(device_.log,
+                ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s}, Call{"drain", s}));
+    EXPECT_EQ(workspaces_.pool.blocks_in_use(), 0u) << "the workspace is back once drained";
+  }
+  EXPECT_EQ(InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+}
+
+TEST_F(StreamLeaseTest, BadDataIsTheKernelsErrorAndNothingIsReadBack) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  absl::Status status;
+  RunGather(*lease, kActs, {2, 0, 3, 1}, &status);  // 3 is out of [0, S=3)
+  EXPECT_THAT(status, StatusIs(StatusCode::kInvalidArgument));
+  std::vector<float> out(8);
+  EXPECT_THAT(lease->ReadBack(2, out.data(), 32), StatusIs(StatusCode::kFailedPrecondition));
+  lease.reset();
+  EXPECT_EQ(InUse(), 0u);
+}
+
+TEST_F(StreamLeaseTest, AFailedAllocationReturnsTheOtherBlock) {
+  staging_.fail = true;
+  std::unique_ptr<StreamLease> lease = Begin();
+  EXPECT_THAT(lease->StageOutput(64).status(), StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_EQ(pinned_.pool.blocks_in_use(), 0u);
+  EXPECT_EQ(pinned_.pool.cached_blocks(), 1u);
+}
+
+TEST_F(StreamLeaseTest, AnUnusableDeviceRunsNothingAndDrainsTheStaging) {
+  {
+    std::unique_ptr<StreamLease> lease = Begin();
+    const StreamDevice::Stream s = lease->stream();
+    ASSERT_OK(lease->StageInput(kActs.data(), 48, false));
+    device_.usable = false;
+    kernels::SliceGptMaskArgs args;
+    EXPECT_THAT(lease->Run(args), StatusIs(StatusCode::kUnavailable));
+    EXPECT_THAT(lease->Run(args), StatusIs(StatusCode::kFailedPrecondition, "one op"));
+    lease.reset();
+    EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"drain", s}));
+  }
+  EXPECT_EQ(InUse(), 0u);
+  EXPECT_THAT(StreamLease::Begin(&device_, pools()).status(), StatusIs(StatusCode::kUnavailable));
+}
+
+TEST_F(StreamLeaseTest, ReadBackChecksItsSlotAndSize) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  absl::StatusOr<core::RequestLease::Staged> in = lease->StageInput(kActs.data(), 48, false);
+  ASSERT_OK(in);
+  char buf[64];
+  EXPECT_THAT(lease->ReadBack(in->slot, buf, 4), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(lease->ReadBack(7, buf, 4), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// BlockPool alone.
+TEST(BlockPoolTest, RoundsReusesWithinTwiceAndRefusesWrapping) {
+  CountingPool p("pool", 1024, 1 << 20);
+  EXPECT_EQ(p.pool.AllocationBytes(0), 1024u);
+  EXPECT_EQ(p.pool.AllocationBytes(1025), 2048u);
+  EXPECT_EQ(p.pool.AllocationBytes(SIZE_MAX - 3), SIZE_MAX);
+  EXPECT_THAT(p.pool.Acquire(SIZE_MAX - 3).status(),
+              StatusIs(StatusCode::kResourceExhausted, "pool of"));
+  absl::StatusOr<BlockPool::Block> big = p.pool.Acquire(8192);
+  ASSERT_OK(big);
+  p.pool.Release(*big);
+  absl::StatusOr<BlockPool::Block> small = p.pool.Acquire(1000);  // 8 KiB > 2 x 1 KiB: new
+  ASSERT_OK(small);
+  EXPECT_NE(small->data, big->data);
+  absl::StatusOr<BlockPool::Block> half = p.pool.Acquire(4096);  // 8 KiB <= 2 x 4 KiB: reuse
+  ASSERT_OK(half);
+  EXPECT_EQ(half->data, big->data);
+  EXPECT_EQ(half->bytes, 8192u);
+  EXPECT_EQ(p.mallocs, 2);
+  p.pool.Release(*small);
+  p.pool.Release(*half);
+  EXPECT_EQ(p.pool.blocks_in_use(), 0u);
+}
+
+TEST(BlockPoolTest, TrimsTheLargestIdleBlocksBeyondTheCap) {
+  CountingPool p("pool", 1024, 4096);
+  std::vector<BlockPool::Block> blocks;
+  for (size_t kb : {1, 2, 3}) blocks.push_back(*p.pool.Acquire(kb * 1024));
+  for (const BlockPool::Block& b : blocks) p.pool.Release(b);
+  // 1 + 2 + 3 KiB idle > 4 KiB: the 3 KiB block goes.
+  EXPECT_EQ(p.pool.cached_bytes(), 3072u);
+  EXPECT_EQ(p.frees, 1);
+  EXPECT_EQ(p.pool.frees(), 1);
+}
+
+// The executor over a backend whose requests run under a StreamLease on the
+// fake device: the resolver's staging and the op share one lease, in order,
+// and the inline result comes back.
+class StreamBackend final : public core::Backend {
+ public:
+  StreamBackend(StreamDevice* device, StreamPools pools) : device_(device), pools_(pools) {}
+  absl::string_view name() const override { return "fake-stream"; }
+  bool CanAccess(core::MemoryKind) const override { return true; }
+  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
+    ASSIGN_OR_RETURN(std::unique_ptr<StreamLease> lease, StreamLease::Begin(device_, pools_));
+    return std::unique_ptr<core::RequestLease>(std::move(lease));
+  }
+  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status CopyToStaging(const Staging&, const void*, uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status CopyFromStaging(void*, const Staging&, uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status RunOp(core::OpArgs) override {
+    return absl::InternalError("the executor must run through its lease");
+  }
+  uint64_t OpScratchBytes(core::OpArgs) const override { return 1 << 20; }
+
+ private:
+  StreamDevice* device_;
+  StreamPools pools_;
+};
+
+TEST_F(StreamLeaseTest, TheExecutorStagesAndRunsThroughOneLease) {
+  FakeRegionMapper host_mapper;
+  FakeRegionMapper device_mapper(core::MemoryKind::kCudaDevice);
+  core::BufferRegistry registry(&host_mapper, &device_mapper, core::RegistryLimits(), nullptr);
+  StreamBackend backend(&device_, pools());
+  core::MemoryBudget budget(uint64_t{1} << 30, uint64_t{1} << 30, nullptr);
+  core::Executor executor(&backend, &registry, nullptr, core::ExecutorLimits(), &budget);
+  core::GatherTokensRequest req;
+  req.activations.source = core::TensorSpec::Source::kInline;
+  req.activations.dtype = DType::kFloat32;
+  req.activations.shape = {2, 3, 2};
+  req.activations.inline_data =
+      absl::string_view(reinterpret_cast<const char*>(kActs.data()), kActs.size() * 4);
+  req.indices.source = core::TensorSpec::Source::kInline;
+  req.indices.dtype = DType::kInt32;
+  req.indices.shape = {2, 2};
+  req.indices.inline_data =
+      absl::string_view(reinterpret_cast<const char*>(kIdx.data()), kIdx.size() * 4);
+  for (int round = 0; round < 3; ++round) {
+    device_.log.clear();
+    absl::StatusOr<core::OpResult> result = executor.Run("s", req);
+    ASSERT_OK(result);
+    ASSERT_EQ(result->outputs.size(), 1u);
+    std::vector<float> out(8);
+    ASSERT_EQ(result->outputs[0].data.size(), 32u);
+    std::memcpy(out.data(), result->outputs[0].data.data(), 32);
+    EXPECT_THAT(out, ::testing::ElementsAreArray(kGathered));
+    const StreamDevice::Stream s = device_.log.front().stream;
+    EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s},
+                                         Call{"kernel", s}, Call{"d2h", s}, Call{"sync", s}));
+    EXPECT_EQ(budget.used_bytes(), 0u) << "staging and scratch given back";
+  }
+  EXPECT_EQ(InUse(), 0u);
+  EXPECT_EQ(staging_.mallocs, 3) << "later requests reuse the pooled blocks";
+}
+
+}  // namespace
+}  // namespace tokensel::testing
