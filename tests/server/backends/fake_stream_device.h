@@ -1,0 +1,141 @@
+// FakeStreamDevice: a backends::StreamDevice without a device, for the
+// StreamLease tests (stream_lease_test.cc). It records every call with the
+// stream it was issued on (`log`) and is lazy like a real stream: copies,
+// fills and kernels are queued per stream and run only when the stream is
+// synchronized (Finish / Drain), so a caller that read memory before the
+// synchronization sees stale bytes. Its "device memory" is host memory and
+// its kernels are the CPU's. Failures are injectable. CountingPool: a
+// BlockPool over malloc that counts allocations and frees (new blocks are
+// filled with 0xAB, stale bytes as a reused block has) and can fail.
+// Not thread-safe (the tests drive it from one thread).
+#ifndef TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
+#define TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "server/backends/block_pool.h"
+#include "server/backends/stream_lease.h"
+
+namespace tokensel::testing {
+
+using backends::BlockPool;
+using backends::StreamDevice;
+
+// One recorded device call: what, and on which stream.
+struct Call {
+  std::string what;  // "h2d" "zero" "kernel" "d2h" "sync" "drain"
+  StreamDevice::Stream stream;
+  bool operator==(const Call& o) const { return what == o.what && stream == o.stream; }
+};
+inline std::ostream& operator<<(std::ostream& os, const Call& c) {
+  return os << c.what << "@" << reinterpret_cast<uintptr_t>(c.stream);
+}
+
+class FakeStreamDevice final : public StreamDevice {
+ public:
+  absl::StatusOr<Stream> AcquireStream() override {
+    if (!usable) return absl::UnavailableError("fake device out of service");
+    if (free_.empty()) {
+      ++streams_created;
+      return reinterpret_cast<Stream>(uintptr_t{0x1000} * streams_created);
+    }
+    Stream s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  void ReleaseStream(Stream s) override { free_.push_back(s); }
+  absl::Status CopyToDevice(void* dst, const void* src, uint64_t n, Stream s) override {
+    if (++h2d_count == fail_h2d_at) return absl::InternalError("injected h2d failure");
+    return Enqueue("h2d", s, [=] { std::memcpy(dst, src, n); });
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t n, Stream s) override {
+    return Enqueue("d2h", s, [=] { std::memcpy(dst, src, n); });
+  }
+  absl::Status Zero(void* dst, uint64_t n, Stream s) override {
+    return Enqueue("zero", s, [=] { std::memset(dst, 0, n); });
+  }
+  uint64_t WorkspaceBytes(core::OpArgs) const override { return workspace_bytes; }
+  absl::Status Launch(core::OpArgs args, kernels::cuda::Workspace ws, Stream s) override {
+    EXPECT_NE(ws.data, nullptr);
+    if (fail_launch) return absl::InternalError("injected launch failure");
+    return Enqueue("kernel", s, [this, args] {
+      kernel_status =
+          std::visit([](const auto* a) { return kernels::cpu::Run(*a, nullptr); }, args);
+    });
+  }
+  absl::Status Finish(core::OpArgs, kernels::cuda::Workspace, Stream s) override {
+    RunQueue("sync", s);
+    return kernel_status;
+  }
+  absl::Status Drain(Stream s, absl::Status status) override {
+    RunQueue("drain", s);
+    return status;
+  }
+  absl::Status CheckUsable() const override {
+    return usable ? absl::OkStatus() : absl::UnavailableError("fake device out of service");
+  }
+
+  std::vector<Call> log;
+  int streams_created = 0;
+  int h2d_count = 0;
+  int fail_h2d_at = 0;  // 1-based; 0 = never
+  bool fail_launch = false;
+  bool usable = true;
+  uint64_t workspace_bytes = 256;
+  absl::Status kernel_status;
+  size_t free_streams() const { return free_.size(); }
+  size_t queued(Stream s) { return queue_[s].size(); }
+
+ private:
+  absl::Status Enqueue(const char* what, Stream s, std::function<void()> f) {
+    log.push_back(Call{what, s});
+    queue_[s].push_back(std::move(f));
+    return absl::OkStatus();
+  }
+  void RunQueue(const char* what, Stream s) {
+    log.push_back(Call{what, s});
+    for (auto& f : queue_[s]) f();
+    queue_[s].clear();
+  }
+  std::vector<Stream> free_;
+  std::map<Stream, std::vector<std::function<void()>>> queue_;
+};
+
+// A pool over malloc that counts, and can be told to fail.
+struct CountingPool {
+  CountingPool(const char* name, size_t granule, size_t cap)
+      : pool(
+            name, granule, cap,
+            [this](size_t bytes) -> absl::StatusOr<void*> {
+              if (fail || bytes > (size_t{1} << 30)) {
+                return absl::ResourceExhaustedError("injected allocation failure");
+              }
+              ++mallocs;
+              void* p = std::malloc(bytes);
+              std::memset(p, 0xAB, bytes);  // stale bytes, as a reused block has
+              return p;
+            },
+            [this](void* p) {
+              ++frees;
+              std::free(p);
+            }) {}
+  int mallocs = 0;
+  int frees = 0;
+  bool fail = false;
+  BlockPool pool;
+};
+
+}  // namespace tokensel::testing
+
+#endif  // TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
