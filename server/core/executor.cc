@@ -83,13 +83,14 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   // One lease of the routed backend from the first staging copy to the last
   // copy back (RequestLease: on CUDA one stream that orders them with the
   // kernels); it outlives the resolver, whose views point into its staging.
-  ASSIGN_OR_RETURN(const std::unique_ptr<RequestLease> lease, backend.BeginRequest());
+  ASSIGN_OR_RETURN(std::unique_ptr<RequestLease> lease, backend.BeginRequest());
   OpResult result;
   uint64_t staged = 0;
+  absl::Status status;
   {
     Resolver resolver(&backend, lease.get(), registry_, session, limits_.max_inline_bytes, memory);
     OpContext ctx{resolver, backend, lease.get(), memory, options.stop, OpName(op)};
-    absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+    status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
     // Lost memory outranks whatever the op reported: its inputs were zeros.
     if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
     if (status.ok()) {
@@ -105,12 +106,16 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
     if (status.ok() && metrics_ != nullptr) {
       metrics_->ObserveOp(OpName(op), backend.device_label(), ctx.seconds, ctx.bytes);
     }
-    if (!status.ok()) {
-      memory->Shrink(staged);
-      return status;
-    }
   }
-  memory->Shrink(staged);  // the staging died with the resolver
+  // The staging belongs to the lease, not the resolver: on CUDA its pinned
+  // and device blocks stay taken (and copies may still be queued on its
+  // stream after an error) until the lease ends, which drains the stream and
+  // returns them to their pools. Only then does the budget stop counting
+  // them, on every path, or another request could be admitted against memory
+  // this one still holds.
+  lease.reset();
+  memory->Shrink(staged);
+  if (!status.ok()) return status;
   return result;
 }
 
