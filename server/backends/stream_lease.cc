@@ -13,9 +13,43 @@ namespace tokensel::backends {
 
 absl::StatusOr<std::unique_ptr<StreamLease>> StreamLease::Begin(StreamDevice* device,
                                                                 StreamPools pools) {
-  ASSIGN_OR_RETURN(const StreamDevice::Stream stream, device->AcquireStream());
-  return std::unique_ptr<StreamLease>(new StreamLease(device, pools, stream));
+  // The lease first, then the stream: if `new` throws (std::bad_alloc is
+  // caught by the handler and the server carries on) no stream is held yet;
+  // once taken, the lease's destructor gives it back.
+  std::unique_ptr<StreamLease> lease(new StreamLease(device, pools));
+  ASSIGN_OR_RETURN(lease->stream_, device->AcquireStream());
+  lease->has_stream_ = true;
+  return lease;
 }
+
+namespace {
+
+// The workspace of one RunOp, back to its pool when RunOp leaves by any
+// path, an exception included (Finish allocates host memory to format a
+// bad-data message): after a drain of the stream unless RunOp marked it
+// synchronized, since kernels may still use it.
+class WorkspaceGuard {
+ public:
+  WorkspaceGuard(StreamDevice* device, StreamDevice::Stream stream, BlockPool* pool,
+                 BlockPool::Block block)
+      : device_(device), stream_(stream), pool_(pool), block_(block) {}
+  WorkspaceGuard(const WorkspaceGuard&) = delete;
+  WorkspaceGuard& operator=(const WorkspaceGuard&) = delete;
+  ~WorkspaceGuard() {
+    if (!synchronized_) (void)device_->Drain(stream_, absl::OkStatus());
+    pool_->Release(block_);
+  }
+  void MarkSynchronized() { synchronized_ = true; }
+
+ private:
+  StreamDevice* const device_;
+  const StreamDevice::Stream stream_;
+  BlockPool* const pool_;
+  const BlockPool::Block block_;
+  bool synchronized_ = false;
+};
+
+}  // namespace
 
 StreamLease::~StreamLease() {
   // Copies (or kernels) may still be queued on the stream when the request
@@ -26,7 +60,7 @@ StreamLease::~StreamLease() {
     pools_.pinned->Release(e.pinned);
     pools_.staging->Release(e.device);
   }
-  device_->ReleaseStream(stream_);
+  if (has_stream_) device_->ReleaseStream(stream_);
 }
 
 uint64_t StreamLease::StagingCost(uint64_t bytes) const {
@@ -43,6 +77,10 @@ absl::StatusOr<StreamLease::Entry*> StreamLease::NewEntry(uint64_t bytes, bool r
   if (bytes > SIZE_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat("cuda staging of ", bytes, " bytes"));
   }
+  // Room for the entry before any block is taken: if the vector cannot grow
+  // (std::bad_alloc) nothing is held; after the reserve the push_back of the
+  // trivially copyable Entry cannot throw, so both blocks are always owned.
+  entries_.reserve(entries_.size() + 1);
   ASSIGN_OR_RETURN(const BlockPool::Block pinned,
                    pools_.pinned->Acquire(static_cast<size_t>(bytes)));
   absl::StatusOr<BlockPool::Block> device = pools_.staging->Acquire(static_cast<size_t>(bytes));
@@ -93,6 +131,7 @@ absl::Status StreamLease::RunOp(core::OpArgs args) {
   }
   ASSIGN_OR_RETURN(const BlockPool::Block block,
                    pools_.workspaces->Acquire(static_cast<size_t>(ws_bytes)));
+  WorkspaceGuard workspace(device_, stream_, pools_.workspaces, block);
   const kernels::cuda::Workspace ws{block.data, block.bytes};
   queued_ = true;
   absl::Status st = device_->Launch(args, ws, stream_);
@@ -112,8 +151,8 @@ absl::Status StreamLease::RunOp(core::OpArgs args) {
     // with them. The device layer classifies what the drain reports.
     st = device_->Drain(stream_, std::move(st));
   }
-  queued_ = false;  // synchronized by Finish, or drained
-  pools_.workspaces->Release(block);
+  queued_ = false;               // synchronized by Finish, or drained
+  workspace.MarkSynchronized();  // the guard returns the workspace now
   done_ = st.ok();
   return st;
 }

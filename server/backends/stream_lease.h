@@ -32,7 +32,10 @@
 // work still queued (an error between staging and RunOp, or RunOp never
 // called) synchronizes the stream first: no block goes back to a pool, and
 // no stream to the stream pool, while a copy may still use it. Every block
-// and the stream are returned on every path.
+// and the stream are returned on every path, std::bad_alloc included (the
+// gRPC handler catches it and the server carries on): each block is owned by
+// the lease from the moment it is taken, and RunOp's workspace by a guard
+// that drains before giving it back.
 // RunOp may run once per lease (a second call is FAILED_PRECONDITION).
 //
 // Used by one thread at a time; the pools and the device outlive the lease.
@@ -103,8 +106,7 @@ class StreamLease final : public core::RequestLease {
   StreamDevice::Stream stream() const { return stream_; }
 
  private:
-  StreamLease(StreamDevice* device, StreamPools pools, StreamDevice::Stream stream)
-      : device_(device), pools_(pools), stream_(stream) {}
+  StreamLease(StreamDevice* device, StreamPools pools) : device_(device), pools_(pools) {}
 
   struct Entry {
     BlockPool::Block pinned;
@@ -117,7 +119,8 @@ class StreamLease final : public core::RequestLease {
 
   StreamDevice* const device_;
   const StreamPools pools_;
-  const StreamDevice::Stream stream_;
+  StreamDevice::Stream stream_ = nullptr;  // set once, by Begin
+  bool has_stream_ = false;
   std::vector<Entry> entries_;
   bool queued_ = false;  // device work issued since the last synchronization
   bool ran_ = false;     // RunOp was called

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <new>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -75,6 +76,9 @@ class FakeStreamDevice final : public StreamDevice {
     });
   }
   absl::Status Finish(core::OpArgs, kernels::cuda::Workspace, Stream s) override {
+    // As a host allocation failing while Finish formats a bad-data message,
+    // before the stream was synchronized.
+    if (throw_in_finish) throw std::bad_alloc();
     RunQueue("sync", s);
     return kernel_status;
   }
@@ -91,6 +95,7 @@ class FakeStreamDevice final : public StreamDevice {
   int h2d_count = 0;
   int fail_h2d_at = 0;  // 1-based; 0 = never
   bool fail_launch = false;
+  bool throw_in_finish = false;
   bool usable = true;
   uint64_t workspace_bytes = 256;
   absl::Status kernel_status;
