@@ -268,6 +268,17 @@ absl::Status CudaBackend::Launch(core::OpArgs args, kc::Workspace ws, kc::Stream
 }
 
 absl::Status CudaBackend::Finish(core::OpArgs args, kc::Workspace ws, kc::Stream stream) {
+  // The device first, as on every other path: the worker thread may have
+  // served another device since Launch, and the paths of kc::Finish that
+  // copy through the legacy API (the CPU oracle's cudaMemcpy) use the
+  // thread's current device. No usability check here: the op's own
+  // synchronization decides its outcome (see Drain), even if a concurrent
+  // op broke the device meanwhile.
+  if (const cudaError_t err = cudaSetDevice(device_.ordinal); err != cudaSuccess) {
+    NoteError(err, "cudaSetDevice");
+    return WithFailure(
+        kc::CudaError(err, "cudaSetDevice for an op's completion", __FILE__, __LINE__));
+  }
   return std::visit([&](const auto* a) { return kc::Finish(*a, ws, stream); }, args);
 }
 
