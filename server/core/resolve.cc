@@ -179,7 +179,7 @@ absl::StatusOr<TensorView> Resolver::Output(const std::optional<TensorSpec>& spe
     return TensorView::Contiguous(&measure_sentinel, derived.dtype, derived.shape);
   }
   ASSIGN_OR_RETURN(const RequestLease::Staged staged,
-                   Stage(field, nullptr, bytes, /*read_back=*/true));
+                   Stage(field, StageKind::kOutput, nullptr, bytes));
   pending_.push_back(Pending{std::string(field), derived.dtype, derived.shape, staged.slot, bytes});
   return TensorView::Contiguous(staged.data, derived.dtype, derived.shape);
 }
@@ -276,7 +276,8 @@ absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::st
     return v;
   }
   ASSIGN_OR_RETURN(const RequestLease::Staged staged,
-                   Stage(field, spec.inline_data.data(), bytes, slot != nullptr));
+                   Stage(field, slot != nullptr ? StageKind::kInOut : StageKind::kInput,
+                         spec.inline_data.data(), bytes));
   if (slot != nullptr) *slot = staged.slot;
   v.data = staged.data;
   return v;
@@ -294,8 +295,8 @@ absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RequestLease::Staged> Resolver::Stage(absl::string_view field, const void* src,
-                                                     uint64_t bytes, bool read_back) {
+absl::StatusOr<RequestLease::Staged> Resolver::Stage(absl::string_view field, StageKind kind,
+                                                     const void* src, uint64_t bytes) {
   if (lease_ == nullptr) {
     return absl::InternalError(absl::StrCat(field, ": staging without a request lease"));
   }
@@ -304,8 +305,12 @@ absl::StatusOr<RequestLease::Staged> Resolver::Stage(absl::string_view field, co
     RETURN_IF_ERROR(memory_->Grow(cost, absl::StrCat("staging for ", field)));
     staged_bytes_ += cost;
   }
+  // The kind is explicit: an empty inline input (a default string_view) has
+  // a null data(), and must still be staged as the input it is.
   absl::StatusOr<RequestLease::Staged> staged =
-      src != nullptr ? lease_->StageInput(src, bytes, read_back) : lease_->StageOutput(bytes);
+      kind == StageKind::kOutput
+          ? lease_->StageOutput(bytes)
+          : lease_->StageInput(src, bytes, /*read_back=*/kind == StageKind::kInOut);
   if (!staged.ok()) {
     return absl::Status(staged.status().code(),
                         absl::StrCat(field, ": ", staged.status().message()));

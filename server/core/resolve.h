@@ -123,11 +123,13 @@ class Resolver {
   // Counts `bytes` more inline output bytes; RESOURCE_EXHAUSTED beyond
   // max_inline_bytes_.
   absl::Status ReserveInline(absl::string_view field, uint64_t bytes);
-  // Reserves the lease's StagingCost(bytes) in `memory`, then stages: `src`
-  // (an inline input; read back if `read_back`) or, when null, a zeroed
-  // output. Errors are prefixed with `field`.
-  absl::StatusOr<RequestLease::Staged> Stage(absl::string_view field, const void* src,
-                                             uint64_t bytes, bool read_back);
+  // What Stage stages: an inline input (kInput; kInOut: also read back after
+  // the op) copied from `src`, or a zeroed output (kOutput; `src` unused).
+  enum class StageKind { kInput, kInOut, kOutput };
+  // Reserves the lease's StagingCost(bytes) in `memory`, then stages as
+  // `kind` says. Errors are prefixed with `field`.
+  absl::StatusOr<RequestLease::Staged> Stage(absl::string_view field, StageKind kind,
+                                             const void* src, uint64_t bytes);
 
   Backend* const backend_;
   RequestLease* const lease_;

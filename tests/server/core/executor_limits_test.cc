@@ -67,9 +67,15 @@ class ObservedLease final : public core::RequestLease {
   }
   uint64_t StagingCost(uint64_t bytes) const override { return inner_->StagingCost(bytes); }
   absl::StatusOr<Staged> StageInput(const void* src, uint64_t bytes, bool read_back) override {
+    ++*inputs;
     return inner_->StageInput(src, bytes, read_back);
   }
-  absl::StatusOr<Staged> StageOutput(uint64_t bytes) override { return inner_->StageOutput(bytes); }
+  absl::StatusOr<Staged> StageOutput(uint64_t bytes) override {
+    ++*outputs;
+    return inner_->StageOutput(bytes);
+  }
+  int* inputs = nullptr;   // StageInput calls
+  int* outputs = nullptr;  // StageOutput calls
   absl::Status RunOp(core::OpArgs args) override { return inner_->RunOp(args); }
   absl::Status ReadBack(size_t slot, void* dst, uint64_t bytes) override {
     return inner_->ReadBack(slot, dst, bytes);
@@ -82,10 +88,15 @@ class ObservedLease final : public core::RequestLease {
 
 class LeaseObservingBackend : public ScriptedBackend {
  public:
-  std::function<void()> on_lease_end;
+  std::function<void()> on_lease_end = [] {};
+  int inputs = 0;
+  int outputs = 0;
   absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
     ASSIGN_OR_RETURN(std::unique_ptr<core::RequestLease> inner, core::Backend::BeginRequest());
-    return std::make_unique<ObservedLease>(std::move(inner), on_lease_end);
+    auto lease = std::make_unique<ObservedLease>(std::move(inner), on_lease_end);
+    lease->inputs = &inputs;
+    lease->outputs = &outputs;
+    return lease;
   }
 };
 
@@ -179,6 +190,23 @@ TEST_F(ExecutorLimitsTest, StagingStaysCountedUntilTheLeaseEnds) {
               StatusIs(StatusCode::kCancelled));
   EXPECT_EQ(at_end, 96u);
   EXPECT_EQ(budget.used_bytes(), 0u);
+}
+
+TEST_F(ExecutorLimitsTest, AnEmptyInlineInputIsStagedAsAnInput) {
+  // Indices [2,0] inline with no bytes: the default string_view, whose
+  // data() is null, must still be an input (not a zeroed output).
+  LeaseObservingBackend backend;
+  core::Executor executor(&backend, &registry_, nullptr, Limits());
+  core::GatherTokensRequest req = Gather();
+  const HostTensor acts = RandomHost(DType::kFloat32, {2, 8, 4}, rng_);
+  req.activations = Inline(acts);
+  req.indices = Inline(HostTensor{});
+  req.indices.dtype = DType::kInt32;
+  req.indices.shape = {2, 0};
+  req.indices.inline_data = absl::string_view();
+  ASSERT_OK(executor.Run(session_, req));
+  EXPECT_EQ(backend.inputs, 2);   // activations, indices
+  EXPECT_EQ(backend.outputs, 1);  // out
 }
 
 TEST_F(ExecutorLimitsTest, InlineInputsTooLargeForTheRequestAreRefused) {
