@@ -119,8 +119,10 @@ absl::StatusOr<void*> CudaBackend::AllocateDevice(size_t bytes, absl::string_vie
 absl::StatusOr<void*> CudaBackend::AllocatePinned(size_t bytes) {
   RETURN_IF_ERROR(Activate("pinned staging"));
   void* p = nullptr;
-  // Page-locked, so the stream's copies are DMA ordered with the kernels
-  // (from pageable memory the driver stages the bytes itself).
+  // Page-locked, so the stream's copies are asynchronous DMA in the stream's
+  // order, overlapping the host and other streams (from pageable memory
+  // cudaMemcpyAsync stages the bytes through a driver buffer before it
+  // returns, synchronizing as needed: no overlap).
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();

@@ -22,9 +22,12 @@
 // Why: the op streams are non-blocking, so copies issued anywhere else (the
 // legacy default stream, synchronous cudaMemcpy) are not ordered with the
 // kernels; and per-request cudaMalloc / cudaFree would synchronize the whole
-// device on every request. Async copies from pageable memory are staged by
-// the driver and may return before the source is read; from pinned memory
-// they are true DMA ordered on the stream.
+// device on every request. Pinned memory is for asynchrony: an async copy
+// from a pinned block returns at once and the DMA runs in the stream's
+// order, overlapping the host and other streams (so the block must not be
+// touched until the stream is synchronized: it is the lease's own). From
+// pageable memory cudaMemcpyAsync reads the source into a driver buffer
+// before it returns (synchronizing as needed): correct, but no overlap.
 //
 // Errors: a failed copy or launch returns its status (the device layer
 // classifies sticky errors); a failed op is drained (StreamDevice::Drain)
