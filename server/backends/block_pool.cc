@@ -64,13 +64,22 @@ void BlockPool::Release(Block block) {
     // Idle memory stays bounded: without this, requests of ever larger sizes
     // (each within the budget) would each add a block the pool then kept for
     // good, until the device (or the host's pinned memory) ran out. The
-    // largest go first.
-    while (idle_bytes_ > max_cached_bytes_) {
-      const auto largest = std::prev(idle_.end());
-      idle_bytes_ -= largest->first;
-      to_free.push_back(largest->second);
-      idle_.erase(largest);
-      ++frees_;
+    // largest go first. With hysteresis: once over the cap, down to half of
+    // it. Trimming just under the cap freed one block per release while a
+    // steady load hovered there (typically the large block that load uses,
+    // while smaller stale ones stayed), and the next wave allocated it again:
+    // a cudaFree/cudaFreeHost (each synchronizes the whole device) plus an
+    // allocation on every reply's path. Freeing down to half leaves room for
+    // the load to settle without trimming again.
+    const size_t low_water = max_cached_bytes_ / 2;
+    if (idle_bytes_ > max_cached_bytes_) {
+      while (idle_bytes_ > low_water) {
+        const auto largest = std::prev(idle_.end());
+        idle_bytes_ -= largest->first;
+        to_free.push_back(largest->second);
+        idle_.erase(largest);
+        ++frees_;
+      }
     }
   }
   for (void* data : to_free) free_(data);

@@ -3,7 +3,7 @@
 // the steady state allocates nothing. Allocation and freeing are the
 // caller's functions (cudaMalloc / cudaHostAlloc in the backend, counting
 // fakes in tests): the pool itself touches no device and is tested without
-// one (tests/server/backends/stream_lease_test.cc).
+// one (tests/server/backends/block_pool_test.cc).
 //
 //  - Acquire(bytes): the smallest cached block of at least `bytes`, unless it
 //    is more than twice AllocationBytes(bytes) (a small request must not hold
@@ -11,14 +11,17 @@
 //    new block of AllocationBytes(bytes): `bytes` rounded up to the granule,
 //    at least one granule (a block is never null), RESOURCE_EXHAUSTED naming
 //    the pool when that would wrap. An allocation error is returned as is.
-//  - Release(block): cached for reuse; then, while the idle bytes exceed
-//    `max_cached_bytes`, the largest idle block is freed (outside the lock:
-//    freeing device memory waits for the device). A block must be idle when
-//    released (no device work still using it).
+//  - Release(block): cached for reuse; then, if the idle bytes exceed
+//    `max_cached_bytes`, the largest idle blocks are freed until they are at
+//    most half of it (hysteresis: trimming only to the cap would free a
+//    block on every release of a load hovering at the cap, the next wave
+//    would allocate it again, and cudaFree / cudaFreeHost synchronize the
+//    whole device). Freed outside the lock (freeing device memory waits for
+//    the device). A block must be idle when released (no device work still
+//    using it).
 // Bounds: blocks in use are at most twice what their users asked for (the
 // callers count AllocationBytes in a MemoryBudget first), and idle blocks at
-// most `max_cached_bytes` (plus the one block just released, when it alone
-// exceeds the cap: it is then freed at once).
+// most `max_cached_bytes` after every Release.
 //
 // Thread-safe. The destructor frees the idle blocks; every block must have
 // been released by then.

@@ -263,41 +263,6 @@ TEST_F(StreamLeaseTest, ReadBackChecksItsSlotAndSize) {
   EXPECT_THAT(lease->ReadBack(7, buf, 4), StatusIs(StatusCode::kInvalidArgument));
 }
 
-// BlockPool alone.
-TEST(BlockPoolTest, RoundsReusesWithinTwiceAndRefusesWrapping) {
-  CountingPool p("pool", 1024, 1 << 20);
-  EXPECT_EQ(p.pool.AllocationBytes(0), 1024u);
-  EXPECT_EQ(p.pool.AllocationBytes(1025), 2048u);
-  EXPECT_EQ(p.pool.AllocationBytes(SIZE_MAX - 3), SIZE_MAX);
-  EXPECT_THAT(p.pool.Acquire(SIZE_MAX - 3).status(),
-              StatusIs(StatusCode::kResourceExhausted, "pool of"));
-  absl::StatusOr<BlockPool::Block> big = p.pool.Acquire(8192);
-  ASSERT_OK(big);
-  p.pool.Release(*big);
-  absl::StatusOr<BlockPool::Block> small = p.pool.Acquire(1000);  // 8 KiB > 2 x 1 KiB: new
-  ASSERT_OK(small);
-  EXPECT_NE(small->data, big->data);
-  absl::StatusOr<BlockPool::Block> half = p.pool.Acquire(4096);  // 8 KiB <= 2 x 4 KiB: reuse
-  ASSERT_OK(half);
-  EXPECT_EQ(half->data, big->data);
-  EXPECT_EQ(half->bytes, 8192u);
-  EXPECT_EQ(p.mallocs, 2);
-  p.pool.Release(*small);
-  p.pool.Release(*half);
-  EXPECT_EQ(p.pool.blocks_in_use(), 0u);
-}
-
-TEST(BlockPoolTest, TrimsTheLargestIdleBlocksBeyondTheCap) {
-  CountingPool p("pool", 1024, 4096);
-  std::vector<BlockPool::Block> blocks;
-  for (size_t kb : {1, 2, 3}) blocks.push_back(*p.pool.Acquire(kb * 1024));
-  for (const BlockPool::Block& b : blocks) p.pool.Release(b);
-  // 1 + 2 + 3 KiB idle > 4 KiB: the 3 KiB block goes.
-  EXPECT_EQ(p.pool.cached_bytes(), 3072u);
-  EXPECT_EQ(p.frees, 1);
-  EXPECT_EQ(p.pool.frees(), 1);
-}
-
 // The executor over a backend whose requests run under a StreamLease on the
 // fake device: the resolver's staging and the op share one lease, in order,
 // and the inline result comes back.
