@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <new>
 #include <ostream>
 #include <string>
@@ -23,6 +24,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "server/backends/block_pool.h"
@@ -35,7 +37,7 @@ using backends::StreamDevice;
 
 // One recorded device call: what, and on which stream.
 struct Call {
-  std::string what;  // "h2d" "zero" "kernel" "d2h" "sync" "drain"
+  std::string what;  // "h2d" "zero" "kernel" "d2h" "sync" "drain" "release"
   StreamDevice::Stream stream;
   bool operator==(const Call& o) const { return what == o.what && stream == o.stream; }
 };
@@ -56,14 +58,19 @@ class FakeStreamDevice final : public StreamDevice {
     return s;
   }
   void ReleaseStream(Stream s) override { free_.push_back(s); }
+  // Like the real ones, the copies and fills answer UNAVAILABLE, issuing
+  // nothing, once the device is out of service.
   absl::Status CopyToDevice(void* dst, const void* src, uint64_t n, Stream s) override {
+    RETURN_IF_ERROR(CheckUsable());
     if (++h2d_count == fail_h2d_at) return absl::InternalError("injected h2d failure");
     return Enqueue("h2d", s, [=] { std::memcpy(dst, src, n); });
   }
   absl::Status CopyToHost(void* dst, const void* src, uint64_t n, Stream s) override {
+    RETURN_IF_ERROR(CheckUsable());
     return Enqueue("d2h", s, [=] { std::memcpy(dst, src, n); });
   }
   absl::Status Zero(void* dst, uint64_t n, Stream s) override {
+    RETURN_IF_ERROR(CheckUsable());
     return Enqueue("zero", s, [=] { std::memset(dst, 0, n); });
   }
   uint64_t WorkspaceBytes(core::OpArgs) const override { return workspace_bytes; }
@@ -79,6 +86,9 @@ class FakeStreamDevice final : public StreamDevice {
     // As a host allocation failing while Finish formats a bad-data message,
     // before the stream was synchronized.
     if (throw_in_finish) throw std::bad_alloc();
+    // As kernels::cuda::Finish when its status-word copy fails to enqueue:
+    // an error before the synchronization, the stream's work still queued.
+    if (fail_finish_before_sync) return absl::InternalError("injected finish failure");
     RunQueue("sync", s);
     return kernel_status;
   }
@@ -96,6 +106,7 @@ class FakeStreamDevice final : public StreamDevice {
   int fail_h2d_at = 0;  // 1-based; 0 = never
   bool fail_launch = false;
   bool throw_in_finish = false;
+  bool fail_finish_before_sync = false;
   bool usable = true;
   uint64_t workspace_bytes = 256;
   absl::Status kernel_status;
@@ -117,10 +128,16 @@ class FakeStreamDevice final : public StreamDevice {
   std::map<Stream, std::vector<std::function<void()>>> queue_;
 };
 
-// A pool over malloc that counts, and can be told to fail.
+// A pool over malloc that counts, and can be told to fail. With `log` set,
+// every block it frees is first poisoned (0xAB), kept (not returned to the
+// heap) until the pool ends, and a "release" (stream null) is recorded there: with a cap of 0 every
+// Release frees, so the log shows whether a block went back before the drain of work still using
+// it, and such work would read or write the poison.
 struct CountingPool {
-  CountingPool(const char* name, size_t granule, size_t cap)
-      : pool(
+  CountingPool(const char* name, size_t granule, size_t cap,
+               std::vector<Call>* release_log = nullptr)
+      : log(release_log),
+        pool(
             name, granule, cap,
             [this](size_t bytes) -> absl::StatusOr<void*> {
               if (fail || bytes > (size_t{1} << 30)) {
@@ -129,16 +146,30 @@ struct CountingPool {
               ++mallocs;
               void* p = std::malloc(bytes);
               std::memset(p, 0xAB, bytes);  // stale bytes, as a reused block has
+              sizes[p] = bytes;
               return p;
             },
             [this](void* p) {
               ++frees;
-              std::free(p);
+              if (log != nullptr) {
+                log->push_back(Call{"release", nullptr});
+                std::memset(p, 0xAB, sizes[p]);
+                // Freed for the pool, but the memory is kept until the test
+                // ends: work drained after the release (the bug the log
+                // shows) then scribbles on poison, not on the heap.
+                quarantine.emplace_back(p, &std::free);
+              } else {
+                std::free(p);
+              }
+              sizes.erase(p);
             }) {}
   int mallocs = 0;
   int frees = 0;
   bool fail = false;
-  BlockPool pool;
+  std::vector<Call>* const log;
+  std::map<void*, size_t> sizes;
+  std::vector<std::unique_ptr<void, decltype(&std::free)>> quarantine;
+  BlockPool pool;  // last: destroyed first, while the above still exist
 };
 
 }  // namespace tokensel::testing

@@ -75,5 +75,107 @@ TEST_F(StreamLeaseErrorsTest, AnExceptionInFinishDrainsAndReturnsTheWorkspace) {
   EXPECT_EQ(device_.free_streams(), 1u);
 }
 
+// Pools that cache nothing, so every Release frees the block, poisoning it
+// and logging "release" in the device's log, after the device's calls.
+class StreamLeaseReleaseOrderTest : public StreamLeaseErrorsTest {
+ protected:
+  StreamPools pools() { return StreamPools{&pinned0_.pool, &staging0_.pool, &workspaces0_.pool}; }
+  std::unique_ptr<StreamLease> Begin() {
+    absl::StatusOr<std::unique_ptr<StreamLease>> lease = StreamLease::Begin(&device_, pools());
+    EXPECT_OK(lease);
+    return lease.ok() ? *std::move(lease) : nullptr;
+  }
+  size_t InUse() {
+    return pinned0_.pool.blocks_in_use() + staging0_.pool.blocks_in_use() +
+           workspaces0_.pool.blocks_in_use();
+  }
+
+  CountingPool pinned0_{"pinned", 4096, 0, &device_.log};
+  CountingPool staging0_{"staging", 4096, 0, &device_.log};
+  CountingPool workspaces0_{"workspaces", 1 << 20, 0, &device_.log};
+};
+
+const Call kRelease{"release", nullptr};
+
+TEST_F(StreamLeaseReleaseOrderTest, ALeaseEndedWithWorkQueuedDrainsBeforeAnyRelease) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  const StreamDevice::Stream s = lease->stream();
+  (void)StageGather(*lease);  // queued, never run: the op fails before it
+  lease.reset();
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s}, Call{"drain", s},
+                          kRelease, kRelease, kRelease, kRelease, kRelease, kRelease));
+  EXPECT_EQ(InUse(), 0u);
+}
+
+TEST_F(StreamLeaseReleaseOrderTest, AFailedLaunchDrainsBeforeTheWorkspaceGoes) {
+  device_.fail_launch = true;
+  std::unique_ptr<StreamLease> lease = Begin();
+  const StreamDevice::Stream s = lease->stream();
+  EXPECT_THAT(lease->Run(StageGather(*lease)),
+              StatusIs(StatusCode::kInternal, "injected launch failure"));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s},
+                                       Call{"drain", s}, kRelease));
+  EXPECT_EQ(workspaces0_.pool.blocks_in_use(), 0u);
+}
+
+TEST_F(StreamLeaseReleaseOrderTest, AFinishFailingBeforeItsSyncIsDrainedBeforeRunReturns) {
+  // Finish stops at a CUDA error before it synchronized (as status.cu when
+  // the status word's copy fails to enqueue): the kernel and the copy back
+  // are still queued, and RunOp must drain them before it returns anything
+  // or gives the workspace back.
+  device_.fail_finish_before_sync = true;
+  std::unique_ptr<StreamLease> lease = Begin();
+  const StreamDevice::Stream s = lease->stream();
+  EXPECT_THAT(lease->Run(StageGather(*lease)),
+              StatusIs(StatusCode::kInternal, "injected finish failure"));
+  EXPECT_EQ(device_.queued(s), 0u);
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s}, Call{"kernel", s},
+                          Call{"d2h", s}, Call{"drain", s}, kRelease));
+  lease.reset();
+  EXPECT_EQ(InUse(), 0u);
+}
+
+TEST_F(StreamLeaseReleaseOrderTest, AnExceptionInFinishDrainsBeforeTheWorkspaceGoes) {
+  device_.throw_in_finish = true;
+  std::unique_ptr<StreamLease> lease = Begin();
+  const StreamDevice::Stream s = lease->stream();
+  const kernels::GatherTokensArgs args = StageGather(*lease);
+  EXPECT_THROW((void)lease->Run(args), std::bad_alloc);
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s}, Call{"kernel", s},
+                          Call{"d2h", s}, Call{"drain", s}, kRelease));
+}
+
+TEST_F(StreamLeaseReleaseOrderTest, ASuccessfulOpReleasesOnlyAfterItsSync) {
+  std::unique_ptr<StreamLease> lease = Begin();
+  const StreamDevice::Stream s = lease->stream();
+  const kernels::GatherTokensArgs args = StageGather(*lease);
+  ASSERT_OK(lease->Run(args));
+  std::vector<float> out(8);
+  ASSERT_OK(lease->ReadBack(2, out.data(), 32));
+  EXPECT_THAT(out, ElementsAre(4, 5, 0, 1, 12, 13, 14, 15));
+  lease.reset();
+  EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s},
+                                       Call{"kernel", s}, Call{"d2h", s}, Call{"sync", s}, kRelease,
+                                       kRelease, kRelease, kRelease, kRelease, kRelease, kRelease));
+}
+
+TEST_F(StreamLeaseErrorsTest, CopiesToAnUnusableDeviceAreRefusedAndNothingLeaks) {
+  {
+    std::unique_ptr<StreamLease> lease = Begin();
+    const StreamDevice::Stream s = lease->stream();
+    device_.usable = false;
+    EXPECT_THAT(lease->StageInput(acts_.data(), 48, false).status(),
+                StatusIs(StatusCode::kUnavailable));
+    EXPECT_THAT(lease->StageOutput(16).status(), StatusIs(StatusCode::kUnavailable));
+    EXPECT_EQ(device_.queued(s), 0u);
+  }
+  EXPECT_EQ(InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+  for (const Call& c : device_.log) EXPECT_EQ(c.what, "drain") << "nothing was issued";
+}
+
 }  // namespace
 }  // namespace tokensel::testing
