@@ -140,6 +140,73 @@ TEST(CudaStagingGpuTest, ConcurrentInlineRequestsMatchTheCpu) {
   EXPECT_LE((*cuda)->staging_pool().cached_bytes(), backends::CudaBackend::kMaxCachedStagingBytes);
 }
 
+// Bad-index and good requests mixed, concurrently, with inline staging, on
+// every visible device (one CudaBackend each), each worker thread switching
+// device every round (so a thread's CUDA current device changes between
+// requests, and Finish's CPU-oracle path must set it). Good results must be
+// the CPU backend's; a bad request gets exactly the CPU's error, writes no
+// reply, and leaves every device in service with every block back.
+TEST(CudaStagingGpuTest, MixedBadAndGoodRequestsOnEveryDeviceMatchTheCpu) {
+  TOKENSEL_REQUIRE_GPU();
+  const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
+  ASSERT_FALSE(devices.empty());
+  std::vector<std::unique_ptr<backends::CudaBackend>> cuda;
+  for (const core::DeviceDescription& d : devices) {
+    absl::StatusOr<std::unique_ptr<backends::CudaBackend>> b =
+        backends::CudaBackend::Create(d.uuid);
+    ASSERT_OK(b);
+    cuda.push_back(*std::move(b));
+  }
+  backends::CpuBackend cpu(2);
+  Node node;
+  core::ExecutorLimits limits;
+  std::vector<std::unique_ptr<core::Executor>> on_gpu;
+  for (auto& b : cuda) {
+    on_gpu.push_back(std::make_unique<core::Executor>(b.get(), &node.registry, nullptr, limits));
+  }
+  core::Executor on_cpu(&cpu, &node.registry, nullptr, limits);
+
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 24;
+  constexpr int64_t kS = 512;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(1234 + t);
+      for (int round = 0; round < kRounds; ++round) {
+        const size_t device = static_cast<size_t>(t + round) % on_gpu.size();
+        GatherCase c = MakeCase(3, kS, 64, 100, 77 + t * 1000 + round);
+        // One bad index in every third request: past the end, or negative.
+        const bool bad = round % 3 == 1;
+        if (bad) {
+          c.idx[rng() % c.idx.size()] = round % 2 == 0 ? -1 - static_cast<int32_t>(rng() % 5)
+                                                       : static_cast<int32_t>(kS + rng() % 5);
+        }
+        absl::StatusOr<core::OpResult> want = on_cpu.Run("s", c.req);
+        absl::StatusOr<core::OpResult> got = on_gpu[device]->Run("s", c.req);
+        if (bad) {
+          ASSERT_EQ(want.status().code(), absl::StatusCode::kInvalidArgument) << want.status();
+          ASSERT_EQ(got.status().code(), want.status().code())
+              << got.status() << " thread " << t << " round " << round << " device " << device;
+          EXPECT_EQ(got.status().message(), want.status().message());
+          continue;
+        }
+        ASSERT_OK(want);
+        ASSERT_OK(got) << "thread " << t << " round " << round << " device " << device;
+        ASSERT_EQ(got->outputs.size(), 1u);
+        ASSERT_EQ(got->outputs[0].data, want->outputs[0].data)
+            << "thread " << t << " round " << round << " device " << device;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (const auto& b : cuda) {
+    EXPECT_TRUE(b->healthy()) << "bad data must not take a device out of service";
+    EXPECT_EQ(b->staging_pool().blocks_in_use(), 0u);
+    EXPECT_EQ(b->pinned_pool().blocks_in_use(), 0u);
+  }
+}
+
 TEST(CudaStagingGpuTest, InPlaceInlineIdsComeBackSorted) {
   TOKENSEL_REQUIRE_GPU();
   absl::StatusOr<std::unique_ptr<backends::CudaBackend>> cuda = FirstDevice();
