@@ -7,6 +7,7 @@
 // its kernels are the CPU's. Failures are injectable. CountingPool: a
 // BlockPool over malloc that counts allocations and frees (new blocks are
 // filled with 0xAB, stale bytes as a reused block has) and can fail.
+// LeasePools: the three pools of a lease over CountingPool; BeginLease.
 // Not thread-safe (the tests drive it from one thread).
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
@@ -171,6 +172,34 @@ struct CountingPool {
   std::vector<std::unique_ptr<void, decltype(&std::free)>> quarantine;
   BlockPool pool;  // last: destroyed first, while the above still exist
 };
+
+// The three pools of a lease over CountingPool: pinned and device staging
+// (4 KiB granule, `staging_cap` idle each), workspaces (1 MiB granule,
+// `workspace_cap` idle); all logging their frees into `log` when set.
+struct LeasePools {
+  LeasePools(size_t staging_cap, size_t workspace_cap, std::vector<Call>* log = nullptr)
+      : pinned("pinned", 4096, staging_cap, log),
+        staging("staging", 4096, staging_cap, log),
+        workspaces("workspaces", 1 << 20, workspace_cap, log) {}
+  backends::StreamPools pools() {
+    return backends::StreamPools{&pinned.pool, &staging.pool, &workspaces.pool};
+  }
+  size_t InUse() const {
+    return pinned.pool.blocks_in_use() + staging.pool.blocks_in_use() +
+           workspaces.pool.blocks_in_use();
+  }
+  CountingPool pinned;
+  CountingPool staging;
+  CountingPool workspaces;
+};
+
+// A lease on `device` over `pools`; null (and a test failure) if Begin fails.
+inline std::unique_ptr<backends::StreamLease> BeginLease(StreamDevice* device, LeasePools& pools) {
+  absl::StatusOr<std::unique_ptr<backends::StreamLease>> lease =
+      backends::StreamLease::Begin(device, pools.pools());
+  EXPECT_TRUE(lease.ok()) << lease.status();
+  return lease.ok() ? *std::move(lease) : nullptr;
+}
 
 }  // namespace tokensel::testing
 

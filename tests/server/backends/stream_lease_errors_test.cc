@@ -19,23 +19,14 @@ namespace {
 
 using ::absl::StatusCode;
 using backends::StreamLease;
-using backends::StreamPools;
 using kernels::DType;
 using kernels::TensorView;
 using ::testing::ElementsAre;
 
 class StreamLeaseErrorsTest : public ::testing::Test {
  protected:
-  StreamPools pools() { return StreamPools{&pinned_.pool, &staging_.pool, &workspaces_.pool}; }
-  std::unique_ptr<StreamLease> Begin() {
-    absl::StatusOr<std::unique_ptr<StreamLease>> lease = StreamLease::Begin(&device_, pools());
-    EXPECT_OK(lease);
-    return lease.ok() ? *std::move(lease) : nullptr;
-  }
-  size_t InUse() {
-    return pinned_.pool.blocks_in_use() + staging_.pool.blocks_in_use() +
-           workspaces_.pool.blocks_in_use();
-  }
+  std::unique_ptr<StreamLease> Begin() { return BeginLease(&device_, *active_); }
+  size_t InUse() { return active_->InUse(); }
   // GatherTokens [2,3,2] fp32 by R=2 rows, all staged; the args.
   kernels::GatherTokensArgs StageGather(StreamLease& lease) {
     absl::StatusOr<core::RequestLease::Staged> a = lease.StageInput(acts_.data(), 48, false);
@@ -51,9 +42,11 @@ class StreamLeaseErrorsTest : public ::testing::Test {
   }
 
   FakeStreamDevice device_;
-  CountingPool pinned_{"pinned", 4096, 64 << 10};
-  CountingPool staging_{"staging", 4096, 64 << 10};
-  CountingPool workspaces_{"workspaces", 1 << 20, 4 << 20};
+  LeasePools pools_{64 << 10, 4 << 20};
+  // Pools that cache nothing, so every Release frees the block, poisoning
+  // it and logging "release" in the device's log, after the device's calls.
+  LeasePools logged_{0, 0, &device_.log};
+  LeasePools* active_ = &pools_;  // the pools Begin uses
   std::vector<float> acts_ = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
   std::vector<int32_t> idx_ = {2, 0, 1, 2};
 };
@@ -66,7 +59,7 @@ TEST_F(StreamLeaseErrorsTest, AnExceptionInFinishDrainsAndReturnsTheWorkspace) {
   EXPECT_THROW((void)lease->Run(args), std::bad_alloc);
   // The kernel (and the copy back) were queued and never synchronized: the
   // workspace went back only after a drain, before the exception left RunOp.
-  EXPECT_EQ(workspaces_.pool.blocks_in_use(), 0u);
+  EXPECT_EQ(pools_.workspaces.pool.blocks_in_use(), 0u);
   EXPECT_EQ(device_.queued(s), 0u);
   EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s},
                                        Call{"kernel", s}, Call{"d2h", s}, Call{"drain", s}));
@@ -75,24 +68,10 @@ TEST_F(StreamLeaseErrorsTest, AnExceptionInFinishDrainsAndReturnsTheWorkspace) {
   EXPECT_EQ(device_.free_streams(), 1u);
 }
 
-// Pools that cache nothing, so every Release frees the block, poisoning it
-// and logging "release" in the device's log, after the device's calls.
+// Over the logged pools (StreamLeaseErrorsTest::logged_).
 class StreamLeaseReleaseOrderTest : public StreamLeaseErrorsTest {
  protected:
-  StreamPools pools() { return StreamPools{&pinned0_.pool, &staging0_.pool, &workspaces0_.pool}; }
-  std::unique_ptr<StreamLease> Begin() {
-    absl::StatusOr<std::unique_ptr<StreamLease>> lease = StreamLease::Begin(&device_, pools());
-    EXPECT_OK(lease);
-    return lease.ok() ? *std::move(lease) : nullptr;
-  }
-  size_t InUse() {
-    return pinned0_.pool.blocks_in_use() + staging0_.pool.blocks_in_use() +
-           workspaces0_.pool.blocks_in_use();
-  }
-
-  CountingPool pinned0_{"pinned", 4096, 0, &device_.log};
-  CountingPool staging0_{"staging", 4096, 0, &device_.log};
-  CountingPool workspaces0_{"workspaces", 1 << 20, 0, &device_.log};
+  StreamLeaseReleaseOrderTest() { active_ = &logged_; }
 };
 
 const Call kRelease{"release", nullptr};
@@ -116,7 +95,7 @@ TEST_F(StreamLeaseReleaseOrderTest, AFailedLaunchDrainsBeforeTheWorkspaceGoes) {
               StatusIs(StatusCode::kInternal, "injected launch failure"));
   EXPECT_THAT(device_.log, ElementsAre(Call{"h2d", s}, Call{"h2d", s}, Call{"zero", s},
                                        Call{"drain", s}, kRelease));
-  EXPECT_EQ(workspaces0_.pool.blocks_in_use(), 0u);
+  EXPECT_EQ(logged_.workspaces.pool.blocks_in_use(), 0u);
 }
 
 TEST_F(StreamLeaseReleaseOrderTest, AFinishFailingBeforeItsSyncIsDrainedBeforeRunReturns) {

@@ -36,21 +36,15 @@ using ::testing::ElementsAre;
 
 class StreamLeaseTest : public ::testing::Test {
  protected:
-  StreamPools pools() { return StreamPools{&pinned_.pool, &staging_.pool, &workspaces_.pool}; }
-  std::unique_ptr<StreamLease> Begin() {
-    absl::StatusOr<std::unique_ptr<StreamLease>> lease = StreamLease::Begin(&device_, pools());
-    EXPECT_OK(lease);
-    return lease.ok() ? *std::move(lease) : nullptr;
-  }
-  size_t InUse() {
-    return pinned_.pool.blocks_in_use() + staging_.pool.blocks_in_use() +
-           workspaces_.pool.blocks_in_use();
-  }
+  StreamPools pools() { return pools_.pools(); }
+  std::unique_ptr<StreamLease> Begin() { return BeginLease(&device_, pools_); }
+  size_t InUse() { return pools_.InUse(); }
 
   FakeStreamDevice device_;
-  CountingPool pinned_{"pinned", 4096, 64 << 10};
-  CountingPool staging_{"staging", 4096, 64 << 10};
-  CountingPool workspaces_{"workspaces", 1 << 20, 4 << 20};
+  LeasePools pools_{64 << 10, 4 << 20};
+  CountingPool& pinned_ = pools_.pinned;
+  CountingPool& staging_ = pools_.staging;
+  CountingPool& workspaces_ = pools_.workspaces;
 };
 
 // GatherTokens [B=2,S=3,C=2] fp32 with R=2: staged activations and indices,
