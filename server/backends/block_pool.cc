@@ -70,15 +70,31 @@ void BlockPool::Release(Block block) {
     // while smaller stale ones stayed), and the next wave allocated it again:
     // a cudaFree/cudaFreeHost (each synchronizes the whole device) plus an
     // allocation on every reply's path. Freeing down to half leaves room for
-    // the load to settle without trimming again.
+    // the load to settle without trimming again. The block just released
+    // goes last (only if it alone still exceeds the cap): it is the one the
+    // current load uses, while the others sat idle longer; freeing it first
+    // would leave a load block between half the cap and the cap to be
+    // freed and allocated again on every wave.
     const size_t low_water = max_cached_bytes_ / 2;
     if (idle_bytes_ > max_cached_bytes_) {
-      while (idle_bytes_ > low_water) {
-        const auto largest = std::prev(idle_.end());
-        idle_bytes_ -= largest->first;
-        to_free.push_back(largest->second);
-        idle_.erase(largest);
+      auto it = idle_.end();
+      while (idle_bytes_ > low_water && it != idle_.begin()) {
+        --it;
+        if (it->second == block.data) continue;
+        idle_bytes_ -= it->first;
+        to_free.push_back(it->second);
+        it = idle_.erase(it);
         ++frees_;
+      }
+      if (idle_bytes_ > max_cached_bytes_) {  // the released block alone
+        for (auto self = idle_.begin(); self != idle_.end(); ++self) {
+          if (self->second != block.data) continue;
+          idle_bytes_ -= self->first;
+          to_free.push_back(self->second);
+          idle_.erase(self);
+          ++frees_;
+          break;
+        }
       }
     }
   }

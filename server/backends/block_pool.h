@@ -12,11 +12,13 @@
 //    at least one granule (a block is never null), RESOURCE_EXHAUSTED naming
 //    the pool when that would wrap. An allocation error is returned as is.
 //  - Release(block): cached for reuse; then, if the idle bytes exceed
-//    `max_cached_bytes`, the largest idle blocks are freed until they are at
-//    most half of it (hysteresis: trimming only to the cap would free a
-//    block on every release of a load hovering at the cap, the next wave
-//    would allocate it again, and cudaFree / cudaFreeHost synchronize the
-//    whole device). Freed outside the lock (freeing device memory waits for
+//    `max_cached_bytes`, the other idle blocks are freed, largest first,
+//    until at most half of it is idle (hysteresis: trimming only to the cap
+//    would free a block on every release of a load hovering at the cap, the
+//    next wave would allocate it again, and cudaFree / cudaFreeHost
+//    synchronize the whole device); the block just released goes too only
+//    if it alone exceeds the cap (it is the current load's, the others sat
+//    idle longer). Freed outside the lock (freeing device memory waits for
 //    the device). A block must be idle when released (no device work still
 //    using it).
 // Bounds: blocks in use are at most twice what their users asked for (the

@@ -1,6 +1,7 @@
 // StreamLease (contract and the order of the device calls: stream_lease.h).
 #include "server/backends/stream_lease.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <variant>
@@ -80,7 +81,8 @@ absl::StatusOr<StreamLease::Entry*> StreamLease::NewEntry(uint64_t bytes, bool r
   // Room for the entry before any block is taken: if the vector cannot grow
   // (std::bad_alloc) nothing is held; after the reserve the push_back of the
   // trivially copyable Entry cannot throw, so both blocks are always owned.
-  entries_.reserve(entries_.size() + 1);
+  if (entries_.size() == entries_.capacity())
+    entries_.reserve(std::max<size_t>(4, 2 * entries_.size()));
   ASSIGN_OR_RETURN(const BlockPool::Block pinned,
                    pools_.pinned->Acquire(static_cast<size_t>(bytes)));
   absl::StatusOr<BlockPool::Block> device = pools_.staging->Acquire(static_cast<size_t>(bytes));

@@ -45,9 +45,10 @@ TEST(BlockPoolTest, TrimsTheLargestIdleBlocksBeyondTheCap) {
   std::vector<BlockPool::Block> blocks;
   for (size_t kb : {1, 2, 3}) blocks.push_back(*p.pool.Acquire(kb * 1024));
   for (const BlockPool::Block& b : blocks) p.pool.Release(b);
-  // 1 + 2 + 3 KiB idle > 4 KiB: down to half the cap, largest first: the 3
-  // and the 2 KiB blocks go.
-  EXPECT_EQ(p.pool.cached_bytes(), 1024u);
+  // 1 + 2 + 3 KiB idle > 4 KiB after the 3 KiB release: towards half the
+  // cap, the other blocks largest first (the 2 then the 1 KiB block); the
+  // block just released stays, since it alone is within the cap.
+  EXPECT_EQ(p.pool.cached_bytes(), 3072u);
   EXPECT_EQ(p.frees, 2);
   EXPECT_EQ(p.pool.frees(), 2);
 }
@@ -83,6 +84,40 @@ TEST(BlockPoolTest, ASteadyLoadJustOverTheCapDoesNotAllocateEveryWave) {
   // from then on 32 + 16 + 4 KiB stay idle and nothing is allocated.
   EXPECT_THAT(allocations, ElementsAre(1, 1, 0, 0, 0, 0));
   EXPECT_EQ(p.pool.blocks_in_use(), 0u);
+}
+
+TEST(BlockPoolTest, ALoadBlockAboveHalfTheCapIsKeptAndStaleOnesGo) {
+  // 64 KiB cap, 16 + 16 KiB stale, every wave uses one 40 KiB block
+  // (between half the cap and the cap). Its release takes idle to 72 KiB:
+  // freeing the largest first would free the 40 KiB block itself (down to
+  // 32 KiB) and every wave would allocate it again; the stale blocks go
+  // instead, and the load settles after one allocation.
+  CountingPool p("pool", 4096, 64 << 10);
+  {
+    std::vector<BlockPool::Block> stale;
+    for (size_t kb : {16, 16}) stale.push_back(*p.pool.Acquire(kb << 10));
+    for (const BlockPool::Block& b : stale) p.pool.Release(b);
+  }
+  std::vector<int> allocations;
+  for (int wave = 0; wave < 5; ++wave) {
+    const int before = p.mallocs;
+    absl::StatusOr<BlockPool::Block> load = p.pool.Acquire(40 << 10);
+    ASSERT_OK(load);
+    p.pool.Release(*load);
+    EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
+    allocations.push_back(p.mallocs - before);
+  }
+  EXPECT_THAT(allocations, ElementsAre(1, 0, 0, 0, 0));
+  EXPECT_EQ(p.pool.cached_bytes(), size_t{40} << 10);
+}
+
+TEST(BlockPoolTest, AReleasedBlockAboveTheCapIsFreedAtOnce) {
+  CountingPool p("pool", 4096, 64 << 10);
+  absl::StatusOr<BlockPool::Block> huge = p.pool.Acquire(80 << 10);
+  ASSERT_OK(huge);
+  p.pool.Release(*huge);
+  EXPECT_EQ(p.pool.cached_bytes(), 0u);
+  EXPECT_EQ(p.frees, 1);
 }
 
 }  // namespace
