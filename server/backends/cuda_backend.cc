@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sticky_error.h"
+#include "server/backends/stream_lease.h"
 
 namespace tokensel::backends {
 namespace {
@@ -25,11 +26,16 @@ namespace kc = ::tokensel::kernels::cuda;
 
 constexpr size_t kWorkspaceGranule = size_t{1} << 20;  // round allocations up to 1 MiB
 
-// The device allocation of a workspace of `bytes`: rounded up to the granule,
-// SIZE_MAX when that would wrap (no allocation satisfies it).
-size_t AllocationBytes(size_t bytes) {
-  if (bytes > SIZE_MAX - (kWorkspaceGranule - 1)) return SIZE_MAX;
-  return (bytes + kWorkspaceGranule - 1) / kWorkspaceGranule * kWorkspaceGranule;
+constexpr size_t kStagingGranule = size_t{4} << 10;  // staging blocks: 4 KiB (a page)
+
+// The BlockPool free function of device memory on `ordinal`. Pools free
+// idle blocks only (their request's stream was synchronized); cudaFree may
+// synchronize the device, which is why it happens only beyond a pool's cap.
+BlockPool::FreeFn FreeDevice(int ordinal) {
+  return [ordinal](void* p) {
+    (void)cudaSetDevice(ordinal);
+    (void)cudaFree(p);
+  };
 }
 
 class DeviceStaging final : public core::Backend::Staging {
@@ -77,7 +83,57 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
 }
 
 CudaBackend::CudaBackend(core::DeviceDescription device)
-    : device_(std::move(device)), label_(absl::StrCat("cuda:", device_.ordinal)) {}
+    : device_(std::move(device)),
+      label_(absl::StrCat("cuda:", device_.ordinal)),
+      workspaces_(
+          "cuda backend: a workspace", kWorkspaceGranule, kMaxCachedWorkspaceBytes,
+          [this](size_t bytes) { return AllocateDevice(bytes, "workspace"); },
+          FreeDevice(device_.ordinal)),
+      staging_(
+          "cuda backend: device staging", kStagingGranule, kMaxCachedStagingBytes,
+          [this](size_t bytes) { return AllocateDevice(bytes, "staging"); },
+          FreeDevice(device_.ordinal)),
+      pinned_(
+          "cuda backend: pinned host staging", kStagingGranule, kMaxCachedStagingBytes,
+          [this](size_t bytes) { return AllocatePinned(bytes); },
+          [ordinal = device_.ordinal](void* p) {
+            (void)cudaSetDevice(ordinal);
+            (void)cudaFreeHost(p);
+          }) {}
+
+absl::StatusOr<void*> CudaBackend::AllocateDevice(size_t bytes, absl::string_view what) {
+  RETURN_IF_ERROR(Activate(what));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (NoteError(err, absl::StrCat("cudaMalloc of ", what))) {
+      return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));
+    }
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: ", what, " of ", bytes, " bytes: ", cudaGetErrorString(err)));
+  }
+  return p;
+}
+
+absl::StatusOr<void*> CudaBackend::AllocatePinned(size_t bytes) {
+  RETURN_IF_ERROR(Activate("pinned staging"));
+  void* p = nullptr;
+  // Page-locked, so the stream's copies are asynchronous DMA in the stream's
+  // order, overlapping the host and other streams (from pageable memory
+  // cudaMemcpyAsync stages the bytes through a driver buffer before it
+  // returns, synchronizing as needed: no overlap).
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (NoteError(err, "cudaHostAlloc of staging")) {
+      return WithFailure(kc::CudaError(err, "cudaHostAlloc", __FILE__, __LINE__));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("cuda backend: pinned host staging of ", bytes,
+                                                     " bytes: ", cudaGetErrorString(err)));
+  }
+  return p;
+}
 
 bool CudaBackend::OnDevice(absl::string_view device_uuid) const {
   return absl::EqualsIgnoreCase(device_uuid, device_.uuid);
@@ -133,147 +189,138 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
   }
-  for (void* p : all_workspaces_) cudaFree(p);
+  // The pools free their idle blocks as they are destroyed (no lease is
+  // alive: a lease must not outlive its backend).
 }
 
-absl::StatusOr<CudaBackend::Lease> CudaBackend::Acquire(size_t workspace_bytes) {
+absl::Status CudaBackend::Activate(absl::string_view where) {
+  RETURN_IF_ERROR(CheckUsable());
   if (const cudaError_t err = cudaSetDevice(device_.ordinal); err != cudaSuccess) {
     NoteError(err, "cudaSetDevice");
-    return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
+    return WithFailure(
+        kc::CudaError(err, absl::StrCat("cudaSetDevice for ", where), __FILE__, __LINE__));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Checked(int err, const char* call, absl::string_view where) {
+  const auto code = static_cast<cudaError_t>(err);
+  if (code == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  NoteError(code, where);
+  return WithFailure(kc::CudaError(code, call, __FILE__, __LINE__));
+}
+
+absl::StatusOr<kc::Stream> CudaBackend::AcquireStream() {
+  RETURN_IF_ERROR(Activate("a request"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_streams_.empty()) {
+      const kc::Stream s = free_streams_.back();
+      free_streams_.pop_back();
+      return s;
+    }
+  }
+  // Every stream busy: grow the pool.
+  cudaStream_t s = nullptr;
+  RETURN_IF_ERROR(Checked(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                          "cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"));
+  absl::MutexLock lock(&mu_);
+  all_streams_.push_back(s);
+  return s;
+}
+
+void CudaBackend::ReleaseStream(kc::Stream stream) {
+  absl::MutexLock lock(&mu_);
+  free_streams_.push_back(stream);
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, uint64_t bytes,
+                                       kc::Stream stream) {
+  RETURN_IF_ERROR(Activate("a copy to staging"));
+  return Checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                 "cudaMemcpyAsync to staging", "a copy to staging");
+}
+
+absl::Status CudaBackend::CopyToHost(void* dst, const void* src, uint64_t bytes,
+                                     kc::Stream stream) {
+  RETURN_IF_ERROR(Activate("a copy from staging"));
+  return Checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync from staging", "a copy from staging");
+}
+
+absl::Status CudaBackend::Zero(void* dst, uint64_t bytes, kc::Stream stream) {
+  RETURN_IF_ERROR(Activate("a zero fill of staging"));
+  return Checked(cudaMemsetAsync(dst, 0, bytes, stream), "cudaMemsetAsync of staging",
+                 "a zero fill of staging");
+}
+
+uint64_t CudaBackend::WorkspaceBytes(core::OpArgs args) const {
+  return std::visit([](const auto* a) -> uint64_t { return kc::WorkspaceBytes(*a); }, args);
+}
+
+absl::Status CudaBackend::Launch(core::OpArgs args, kc::Workspace ws, kc::Stream stream) {
+  RETURN_IF_ERROR(Activate("an op"));
   // The runtime's last error is per host thread, not per device: a worker
   // thread that last ran a faulting op on another device still holds that
   // error, and the first launch check of this op would report it as ours.
   // Not ours to classify either: that device's op already did.
   (void)cudaGetLastError();
-  Lease lease;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!free_streams_.empty()) {
-      lease.stream = free_streams_.back();
-      free_streams_.pop_back();
-    }
-    // The smallest cached workspace that fits, unless it is more than twice
-    // the allocation ScratchBytes reserved for this op (a small op must not
-    // hold on to a large block while the next large op allocates another).
-    auto it = free_workspaces_.lower_bound(workspace_bytes);
-    if (it != free_workspaces_.end() && it->first / 2 <= AllocationBytes(workspace_bytes)) {
-      lease.ws = {it->second, it->first};
-      free_workspace_bytes_ -= it->first;
-      free_workspaces_.erase(it);
-    }
-  }
-  if (lease.stream == nullptr) {  // every stream busy: grow the pool
-    cudaStream_t s = nullptr;
-    const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if (err != cudaSuccess) {
-      Release(lease);  // the pooled workspace taken above goes back
-      NoteError(err, "cudaStreamCreateWithFlags");
-      return WithFailure(kc::CudaError(err, "cudaStreamCreateWithFlags", __FILE__, __LINE__));
-    }
-    absl::MutexLock lock(&mu_);
-    all_streams_.push_back(s);
-    lease.stream = s;
-  }
-  if (lease.ws.data == nullptr) {
-    // Rounded up to the granule (ScratchBytes reports the same size); a size
-    // that would wrap is refused (the kernels cap theirs at SIZE_MAX / 2).
-    const size_t bytes = AllocationBytes(workspace_bytes);
-    if (bytes == SIZE_MAX) {
-      Release(lease);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cuda backend: a workspace of ", workspace_bytes, " bytes"));
-    }
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      Release(lease);
-      if (NoteError(err, "cudaMalloc of a workspace")) {
-        return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));
-      }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cuda backend: workspace of ", bytes, " bytes: ", cudaGetErrorString(err)));
-    }
-    absl::MutexLock lock(&mu_);
-    all_workspaces_.push_back(p);
-    ++workspace_allocations_;
-    lease.ws = {p, bytes};
-  }
-  return lease;
+  return std::visit([&](const auto* a) { return kc::Async(*a, ws, stream); }, args);
 }
 
-void CudaBackend::Release(const Lease& lease) {
-  std::vector<void*> to_free;
-  {
-    absl::MutexLock lock(&mu_);
-    if (lease.stream != nullptr) free_streams_.push_back(lease.stream);
-    if (lease.ws.data != nullptr) {
-      free_workspaces_.emplace(lease.ws.bytes, lease.ws.data);
-      free_workspace_bytes_ += lease.ws.bytes;
-    }
-    // Idle memory stays bounded: without this, requests of ever larger
-    // workspaces (each within the budget) would each add an allocation the
-    // pool then kept for good, until the device (and the training jobs
-    // sharing it) ran out of memory. The largest go first.
-    while (free_workspace_bytes_ > kMaxCachedWorkspaceBytes) {
-      const auto largest = std::prev(free_workspaces_.end());
-      free_workspace_bytes_ -= largest->first;
-      to_free.push_back(largest->second);
-      all_workspaces_.erase(
-          std::find(all_workspaces_.begin(), all_workspaces_.end(), largest->second));
-      free_workspaces_.erase(largest);
-    }
+absl::Status CudaBackend::Finish(core::OpArgs args, kc::Workspace ws, kc::Stream stream) {
+  // The device first, as on every other path: the worker thread may have
+  // served another device since Launch, and the paths of kc::Finish that
+  // copy through the legacy API (the CPU oracle's cudaMemcpy) use the
+  // thread's current device. No usability check here: the op's own
+  // synchronization decides its outcome (see Drain), even if a concurrent
+  // op broke the device meanwhile.
+  if (const cudaError_t err = cudaSetDevice(device_.ordinal); err != cudaSuccess) {
+    NoteError(err, "cudaSetDevice");
+    return WithFailure(
+        kc::CudaError(err, "cudaSetDevice for an op's completion", __FILE__, __LINE__));
   }
-  if (to_free.empty()) return;
-  // Outside the lock: cudaFree waits for the device. The workspaces are idle
-  // (their op's stream was drained before Release).
+  return std::visit([&](const auto* a) { return kc::Finish(*a, ws, stream); }, args);
+}
+
+absl::Status CudaBackend::Drain(kc::Stream stream, absl::Status status) {
+  // A kernel fault surfaces here (or in the thread's last error) as a
+  // sticky error: then this device is out of service (NoteError). An OK
+  // Finish synchronized the stream without error, so no fault happened on
+  // it; a fault of a concurrent op is caught by that op.
+  // Only the stream's own status is this device's: the thread's last error
+  // was consumed by the launch checks (or is stale, see Launch).
+  // The "out of service" suffix goes only on an op whose drain itself
+  // failed (after a sticky error every stream of the context reports it,
+  // so this says "the device was dead when this op drained"): an op that
+  // answered bad data while its own drain succeeded gets its error alone,
+  // even if another op broke the device meanwhile.
   (void)cudaSetDevice(device_.ordinal);
-  for (void* p : to_free) (void)cudaFree(p);
+  const cudaError_t drained = cudaStreamSynchronize(stream);
+  (void)cudaGetLastError();
+  if (NoteError(drained, "an op's stream") && drained != cudaSuccess) {
+    return WithFailure(std::move(status));
+  }
+  return status;
 }
 
-template <typename Args>
-absl::Status CudaBackend::RunTyped(const Args& args) {
-  // A failed device is not touched again (no launch on a dead context).
-  RETURN_IF_ERROR(CheckUsable());
-  // The workspace size is defined for valid metadata only (cuda_ops.h).
-  RETURN_IF_ERROR(kernels::Validate(args));
-  ASSIGN_OR_RETURN(const Lease lease, Acquire(kc::WorkspaceBytes(args)));
-  absl::Status st = kc::Async(args, lease.ws, lease.stream);
-  if (st.ok()) st = kc::Finish(args, lease.ws, lease.stream);
-  if (!st.ok()) {
-    // Kernels may still be queued (a later launch failed, or Finish stopped
-    // at a CUDA error before it synchronized): drain before the workspace
-    // goes back to the pool, where the next op would share it with them.
-    // A kernel fault surfaces here (or in the thread's last error) as a
-    // sticky error: then this device is out of service (NoteError). An OK
-    // Finish synchronized the stream without error, so no fault happened on
-    // it; a fault of a concurrent op is caught by that op.
-    // Only the stream's own status is this device's: the thread's last error
-    // was consumed by the launch checks (or is stale, see Acquire).
-    // The "out of service" suffix goes only on an op whose drain itself
-    // failed (after a sticky error every stream of the context reports it,
-    // so this says "the device was dead when this op drained"): an op that
-    // answered bad data while its own drain succeeded gets its error alone,
-    // even if another op broke the device meanwhile.
-    const cudaError_t drained = cudaStreamSynchronize(lease.stream);
-    (void)cudaGetLastError();
-    if (NoteError(drained, "an op's stream") && drained != cudaSuccess) {
-      st = WithFailure(std::move(st));
-    }
-  }
-  Release(lease);
-  return st;
+absl::StatusOr<std::unique_ptr<core::RequestLease>> CudaBackend::BeginRequest() {
+  ASSIGN_OR_RETURN(std::unique_ptr<StreamLease> lease,
+                   StreamLease::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_}));
+  return std::unique_ptr<core::RequestLease>(std::move(lease));
 }
 
 absl::Status CudaBackend::RunOp(core::OpArgs args) {
-  return std::visit([this](const auto* a) { return RunTyped(*a); }, args);
+  // The by-reference path (tests, tools): a lease with no staging.
+  ASSIGN_OR_RETURN(std::unique_ptr<core::RequestLease> lease, BeginRequest());
+  return lease->RunOp(args);
 }
 
 uint64_t CudaBackend::OpScratchBytes(core::OpArgs args) const {
   return std::visit(
-      [](const auto* a) -> uint64_t {
-        return kernels::Validate(*a).ok() ? AllocationBytes(kc::WorkspaceBytes(*a)) : 0;
+      [this](const auto* a) -> uint64_t {
+        return kernels::Validate(*a).ok() ? workspaces_.AllocationBytes(kc::WorkspaceBytes(*a)) : 0;
       },
       args);
 }
@@ -357,16 +404,6 @@ absl::Status CudaBackend::CopyFromStaging(void* dst, const Staging& src, uint64_
     return WithFailure(kc::CudaError(err, "cudaMemcpy from staging", __FILE__, __LINE__));
   }
   return absl::OkStatus();
-}
-
-int64_t CudaBackend::workspace_allocations() const {
-  absl::MutexLock lock(&mu_);
-  return workspace_allocations_;
-}
-
-size_t CudaBackend::cached_workspaces() const {
-  absl::MutexLock lock(&mu_);
-  return free_workspaces_.size();
 }
 
 absl::StatusOr<std::unique_ptr<core::Backend>> MakeCudaBackend(absl::string_view device_uuid) {

@@ -1,19 +1,32 @@
 // CudaBackend: runs kernels::cuda on one device over device memory.
 //
 // Device selection by UUID (as nvidia-smi prints it, "GPU-xxxxxxxx-..."; empty
-// = the first device). Run(args) is synchronous: WorkspaceBytes -> acquire a
-// workspace -> <Op>Async on a pooled stream -> <Op>Finish (which synchronizes
-// the stream and returns the CPU twin's message on bad data). Streams and
-// workspaces are pooled: a workspace is a cached device allocation reused by
-// later calls (the smallest free one that fits; a new one, rounded up to
-// 1 MiB, only when none fits), so the steady state performs no cudaMalloc.
-// Device memory is bounded whatever sizes clients ask for: an op allocates at
-// most what ScratchBytes reports (the executor reserves it in its MemoryBudget
-// first) and reuses a cached workspace only up to twice that, and the pool
-// keeps at most kMaxCachedWorkspaceBytes of idle workspaces (Release frees the
-// largest beyond it). Workspaces in use and cached thus stay below twice the
-// scratch reserved by the ops in flight plus that cap.
-// Staging is device memory; its copies are synchronous cudaMemcpy.
+// = the first device).
+//
+// Requests run under a StreamLease (BeginRequest; stream_lease.h has the
+// order of every device call): one pooled stream from the first staging
+// copy to the last copy back; inline inputs go host -> pinned block ->
+// async copy on that stream, outputs are zero-filled on it, then the
+// kernels (<Op>Async), the async copies back of the inline outputs, and one
+// synchronization (<Op>Finish, which also returns the CPU twin's message on
+// bad data). RunOp(args) alone is the same lease without staging.
+//
+// Three BlockPools per device (block_pool.h), so the steady state performs
+// no cudaMalloc, cudaHostAlloc or (device-synchronizing) cudaFree:
+//  - workspaces: device memory, 1 MiB granule; an op allocates at most what
+//    ScratchBytes reports (the executor reserves it in its MemoryBudget
+//    first) and reuses a cached block only up to twice that; idle bytes
+//    capped at kMaxCachedWorkspaceBytes.
+//  - device staging and pinned host staging: 4 KiB granule, each capped at
+//    kMaxCachedStagingBytes of idle bytes. A staged tensor of n bytes takes
+//    one block of each (RequestLease::StagingCost, both rounded, is what the
+//    executor reserves). Pinned memory is page-locked host memory taken from
+//    the node: in use it is bounded by the MemoryBudget (it is counted), idle
+//    by the cap.
+// Blocks in use and cached thus stay below twice the bytes reserved by the
+// requests in flight plus the caps. The direct staging API (AllocateStaging,
+// Copy*: tests, tools) is separate: a cudaMalloc per call and synchronous
+// copies on the legacy stream followed by its synchronization.
 // Every CUDA call is checked (INTERNAL with the CUDA error text).
 //
 // One device per backend: MakeBackend builds one per visible device under a
@@ -28,14 +41,15 @@
 // staging copy), the op that hit it answers INTERNAL with the CUDA error and
 // the backend marks itself failed: healthy() turns false for good (the
 // server's health goes NOT_SERVING, core::HealthWatch, so the orchestrator
-// restarts it), and every later RunOp / AllocateStaging / Copy* answers
-// UNAVAILABLE at once, without touching the device. UNAVAILABLE, not
-// INTERNAL: those requests did nothing (safe to retry), and what clears the
-// condition is the server's restart, as for the UNAVAILABLE of a server
-// shutting down; INTERNAL stays the code of the op that actually faulted
-// (its outputs may be partly written).
+// restarts it), and every later BeginRequest / RunOp / AllocateStaging /
+// Copy* answers UNAVAILABLE at once, without touching the device.
+// UNAVAILABLE, not INTERNAL: those requests did nothing (safe to retry), and
+// what clears the condition is the server's restart, as for the UNAVAILABLE
+// of a server shutting down; INTERNAL stays the code of the op that actually
+// faulted (its outputs may be partly written).
 //
-// Thread-safe: concurrent Run calls each take their own stream and workspace.
+// Thread-safe: concurrent requests each take their own stream, workspace and
+// staging.
 // This header includes no CUDA header.
 #ifndef TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_
 #define TOKENSEL_SERVER_BACKENDS_CUDA_BACKEND_H_
@@ -53,11 +67,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "server/backends/block_pool.h"
+#include "server/backends/stream_lease.h"
 #include "server/core/backend.h"
 
 namespace tokensel::backends {
 
-class CudaBackend final : public core::Backend {
+class CudaBackend final : public core::Backend, private StreamDevice {
  public:
   // NOT_FOUND when no device has `device_uuid` (or there is no device at
   // all); INTERNAL on CUDA errors. `streams` (>= 1) streams are created up
@@ -86,6 +102,9 @@ class CudaBackend final : public core::Backend {
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;
 
+  // The request's lease: a stream, pooled staging, a workspace while the op
+  // runs (StreamLease). UNAVAILABLE once the device is out of service.
+  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override;
   absl::Status RunOp(core::OpArgs args) override;
   // The device workspace RunOp(args) may allocate: the op's WorkspaceBytes
   // rounded up to the allocation granule (saturating; 0 for metadata that
@@ -93,35 +112,51 @@ class CudaBackend final : public core::Backend {
   uint64_t OpScratchBytes(core::OpArgs args) const override;
 
   // Pool statistics (tests, metrics): device allocations made for workspaces
-  // so far, and workspaces currently cached.
-  int64_t workspace_allocations() const;
-  size_t cached_workspaces() const;
+  // so far, and workspaces currently cached; the staging pools.
+  int64_t workspace_allocations() const { return workspaces_.allocations(); }
+  size_t cached_workspaces() const { return workspaces_.cached_blocks(); }
+  const BlockPool& staging_pool() const { return staging_; }
+  const BlockPool& pinned_pool() const { return pinned_; }
 
   // Idle workspace bytes the pool keeps for reuse; Release frees beyond it.
   static constexpr size_t kMaxCachedWorkspaceBytes = size_t{256} << 20;
+  // Idle bytes each staging pool (device, pinned host) keeps for reuse.
+  static constexpr size_t kMaxCachedStagingBytes = size_t{64} << 20;
 
  private:
   explicit CudaBackend(core::DeviceDescription device);
   absl::Status Init(int streams);
 
-  // Lease = (stream, workspace) for one op; returned to the pools by Release.
-  struct Lease {
-    kernels::cuda::Stream stream = nullptr;
-    kernels::cuda::Workspace ws;
-  };
-  absl::StatusOr<Lease> Acquire(size_t workspace_bytes);
-  void Release(const Lease& lease);
+  // StreamDevice (stream_lease.h), with the CUDA runtime.
+  absl::StatusOr<kernels::cuda::Stream> AcquireStream() override;
+  void ReleaseStream(kernels::cuda::Stream stream) override;
+  absl::Status CopyToDevice(void* dst, const void* src, uint64_t bytes,
+                            kernels::cuda::Stream stream) override;
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes,
+                          kernels::cuda::Stream stream) override;
+  absl::Status Zero(void* dst, uint64_t bytes, kernels::cuda::Stream stream) override;
+  uint64_t WorkspaceBytes(core::OpArgs args) const override;
+  absl::Status Launch(core::OpArgs args, kernels::cuda::Workspace ws,
+                      kernels::cuda::Stream stream) override;
+  absl::Status Finish(core::OpArgs args, kernels::cuda::Workspace ws,
+                      kernels::cuda::Stream stream) override;
+  absl::Status Drain(kernels::cuda::Stream stream, absl::Status status) override;
+  // UNAVAILABLE once failed, else OK: checked before touching the device.
+  absl::Status CheckUsable() const override;
 
-  // Validate, lease a stream and workspace, Async + Finish, release.
-  template <typename Args>
-  absl::Status RunTyped(const Args& args);
+  // The pools' allocators (RESOURCE_EXHAUSTED when the memory is not there;
+  // a sticky error marks the device failed).
+  absl::StatusOr<void*> AllocateDevice(size_t bytes, absl::string_view what);
+  absl::StatusOr<void*> AllocatePinned(size_t bytes);
+  // CheckUsable, then cudaSetDevice (the calling thread's device).
+  absl::Status Activate(absl::string_view where);
+  // OK, or the CUDA error `err` of `call` (noted, see NoteError).
+  absl::Status Checked(int err, const char* call, absl::string_view where);
 
   // `err` (a cudaError_t) came back from a CUDA call of this backend: if it
   // is sticky, marks the backend failed (once; logged). True if it did now
   // or earlier.
   bool NoteError(int err, absl::string_view where);
-  // UNAVAILABLE once failed, else OK: checked before touching the device.
-  absl::Status CheckUsable() const;
   // INTERNAL unless `staging` was allocated by this backend (its device).
   absl::Status CheckOwn(const Staging& staging) const;
   // `status` (an op's INTERNAL) with a note that the device is now out of
@@ -136,10 +171,11 @@ class CudaBackend final : public core::Backend {
   mutable absl::Mutex mu_;
   std::vector<kernels::cuda::Stream> all_streams_ ABSL_GUARDED_BY(mu_);
   std::vector<kernels::cuda::Stream> free_streams_ ABSL_GUARDED_BY(mu_);
-  std::multimap<size_t, void*> free_workspaces_ ABSL_GUARDED_BY(mu_);  // bytes -> ptr
-  size_t free_workspace_bytes_ ABSL_GUARDED_BY(mu_) = 0;               // held by free_workspaces_
-  std::vector<void*> all_workspaces_ ABSL_GUARDED_BY(mu_);
-  int64_t workspace_allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  // Destroyed before the members above (their free functions read nothing
+  // of this object but the ordinal they captured).
+  BlockPool workspaces_;
+  BlockPool staging_;
+  BlockPool pinned_;
 };
 
 // The CUDA backend when this build has one (server/backends/cuda_backend.cc),

@@ -141,6 +141,12 @@ absl::StatusOr<core::Backend*> MultiDeviceBackend::Only(absl::string_view call) 
                                           "tensors; route the request first)"));
 }
 
+absl::StatusOr<std::unique_ptr<core::RequestLease>> MultiDeviceBackend::BeginRequest() {
+  absl::StatusOr<core::Backend*> only = Only("BeginRequest");
+  if (!only.ok()) return only.status();
+  return (*only)->BeginRequest();
+}
+
 absl::StatusOr<std::unique_ptr<core::Backend::Staging>> MultiDeviceBackend::AllocateStaging(
     uint64_t bytes) {
   absl::StatusOr<core::Backend*> only = Only("AllocateStaging");

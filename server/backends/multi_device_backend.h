@@ -32,7 +32,7 @@
 // healthy() is true while every device is (one dead device makes the server
 // NOT_SERVING: only a restart gives its workers a working context again);
 // OpScratchBytes is the largest of the devices' answers (they run the same
-// kernels). Used without Route (RunOp, AllocateStaging, Copy*) it forwards to
+// kernels). Used without Route (BeginRequest, RunOp, AllocateStaging, Copy*) it forwards to
 // its only device, and with several devices answers INTERNAL (the caller
 // must route: the device depends on the request's tensors).
 //
@@ -76,6 +76,7 @@ class MultiDeviceBackend final : public core::Backend {
   absl::StatusOr<core::BackendRoute> Route(
       absl::FunctionRef<std::vector<core::TensorPlacement>()> placements) override;
 
+  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override;
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override;
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;

@@ -60,6 +60,52 @@ struct TensorPlacement {
 
 class Backend;
 
+// One request's hold on the backend that serves it (Backend::BeginRequest,
+// on the routed backend): its staging for inline tensors and its op. On
+// CUDA it is one lease of a stream (plus, while the op runs, a workspace,
+// and its pooled staging memory) from the route to the copies back, and
+// every staging copy is ordered on that stream with the op's kernels:
+//   StageInput / StageOutput: the host->device copies and zero fills,
+//   RunOp: the kernels, then the device->host copies of every read-back
+//          tensor, then one stream synchronization,
+//   ReadBack: host copies out of the (pinned) host staging into the reply.
+// On the CPU (the default implementation, over AllocateStaging and the
+// synchronous Copy*) staging is host memory and every call is synchronous.
+// Destroying the lease returns everything it holds (after draining any copy
+// still in flight). Used by one thread; must not outlive its backend.
+class RequestLease {
+ public:
+  // A staged tensor: `data` is what the op's view points at; `slot` names it
+  // in ReadBack.
+  struct Staged {
+    void* data = nullptr;
+    size_t slot = 0;
+  };
+  virtual ~RequestLease() = default;
+  // The bytes StageInput / StageOutput of `bytes` make the server allocate
+  // (the caller counts them in its MemoryBudget first): host and device
+  // staging, rounded up to the pools' granules, on CUDA.
+  virtual uint64_t StagingCost(uint64_t bytes) const = 0;
+  // Staging holding src[0, bytes), read before the call returns (the
+  // caller's memory may change afterwards). If `read_back`, the op may write
+  // it and ReadBack returns its contents after the op.
+  virtual absl::StatusOr<Staged> StageInput(const void* src, uint64_t bytes, bool read_back) = 0;
+  // Zero-filled staging for an output, read back after the op.
+  virtual absl::StatusOr<Staged> StageOutput(uint64_t bytes) = 0;
+  // Runs the op on the staged and by-reference views, synchronously (as
+  // Backend::RunOp; on return the read-back tensors are on the host).
+  virtual absl::Status RunOp(OpArgs args) = 0;
+  // After RunOp succeeded: `bytes` (at most the staged size) of the tensor
+  // staged as `slot` into `dst`. INVALID_ARGUMENT for a slot that is not
+  // read back or a size beyond it.
+  virtual absl::Status ReadBack(size_t slot, void* dst, uint64_t bytes) = 0;
+
+  template <typename Args>
+  absl::Status Run(const Args& args) {
+    return RunOp(OpArgs(&args));
+  }
+};
+
 // The backend that serves one request (Backend::Route). Every call the
 // request makes (staging, scratch size, RunOp, the copies back) goes to
 // backend(); while the route lives the request counts as in flight there.
@@ -128,8 +174,15 @@ class Backend {
     return BackendRoute(this);
   }
 
+  // The lease one request runs under (RequestLease): UNAVAILABLE when the
+  // backend is out of service. The default stages through AllocateStaging
+  // and the synchronous Copy* below and runs RunOp (the CPU, test fakes);
+  // CudaBackend stages on the stream of the lease (cuda_backend.h).
+  virtual absl::StatusOr<std::unique_ptr<RequestLease>> BeginRequest();
+
   // Memory for inline tensors, accessible to Run: aligned host memory on the
-  // CPU, device memory on CUDA. Copies are synchronous.
+  // CPU, device memory on CUDA. Copies are synchronous. A direct API (tests,
+  // tools): requests stage through BeginRequest.
   class Staging {
    public:
     virtual ~Staging() = default;

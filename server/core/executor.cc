@@ -1,8 +1,8 @@
 // Executor: each op's home (ops/<op>.h) resolves the request's tensors
 // (resolve.h) into kernel arguments; the executor runs them on the backend
-// (timed: op_duration covers Backend::Run only) and reports the bytes the op
-// says it moved. Which outputs come back inline, and in place, is stated per
-// op in its home.
+// (timed: op_duration covers RequestLease::RunOp only: the kernels, and on
+// CUDA the copies back of inline outputs and the stream synchronization) and reports the bytes the
+// op says it moved. Which outputs come back inline, and in place, is stated per op in its home.
 #include "server/core/executor.h"
 
 #include <algorithm>
@@ -23,6 +23,7 @@ namespace {
 struct OpContext {
   Resolver& resolver;
   Backend& backend;
+  RequestLease* lease;                // null in measure mode
   MemoryBudget::Reservation* memory;  // null in measure mode
   const kernels::StopToken* stop;
   absl::string_view op_name;
@@ -37,7 +38,7 @@ struct OpContext {
     kernels::ScopedStopToken scope(stop);
     RETURN_IF_ERROR(kernels::CheckStop());
     const auto start = std::chrono::steady_clock::now();
-    absl::Status status = backend.Run(args);
+    absl::Status status = lease->Run(args);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     memory->Shrink(scratch);
     return status;
@@ -79,12 +80,17 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   // until the resolver (and its staging) is gone.
   ASSIGN_OR_RETURN(const BackendRoute route, Route(session, op));
   Backend& backend = route.backend();
+  // One lease of the routed backend from the first staging copy to the last
+  // copy back (RequestLease: on CUDA one stream that orders them with the
+  // kernels); it outlives the resolver, whose views point into its staging.
+  ASSIGN_OR_RETURN(std::unique_ptr<RequestLease> lease, backend.BeginRequest());
   OpResult result;
   uint64_t staged = 0;
+  absl::Status status;
   {
-    Resolver resolver(&backend, registry_, session, limits_.max_inline_bytes, memory);
-    OpContext ctx{resolver, backend, memory, options.stop, OpName(op)};
-    absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+    Resolver resolver(&backend, lease.get(), registry_, session, limits_.max_inline_bytes, memory);
+    OpContext ctx{resolver, backend, lease.get(), memory, options.stop, OpName(op)};
+    status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
     // Lost memory outranks whatever the op reported: its inputs were zeros.
     if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
     if (status.ok()) {
@@ -100,12 +106,16 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
     if (status.ok() && metrics_ != nullptr) {
       metrics_->ObserveOp(OpName(op), backend.device_label(), ctx.seconds, ctx.bytes);
     }
-    if (!status.ok()) {
-      memory->Shrink(staged);
-      return status;
-    }
   }
-  memory->Shrink(staged);  // the staging died with the resolver
+  // The staging belongs to the lease, not the resolver: on CUDA its pinned
+  // and device blocks stay taken (and copies may still be queued on its
+  // stream after an error) until the lease ends, which drains the stream and
+  // returns them to their pools. Only then does the budget stop counting
+  // them, on every path, or another request could be admitted against memory
+  // this one still holds.
+  lease.reset();
+  memory->Shrink(staged);
+  if (!status.ok()) return status;
   return result;
 }
 
@@ -116,9 +126,9 @@ absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
     // (metadata only: no lease, no staging). A failure there, or a buffer
     // that cannot be leased, is left for the real resolution to report with
     // its usual message; the tensors found until then still count.
-    Resolver probe(backend_, registry_, session, limits_.max_inline_bytes, nullptr,
+    Resolver probe(backend_, nullptr, registry_, session, limits_.max_inline_bytes, nullptr,
                    /*measure_only=*/true);
-    OpContext ctx{probe, *backend_, nullptr, nullptr, OpName(op)};
+    OpContext ctx{probe, *backend_, nullptr, nullptr, nullptr, OpName(op)};
     (void)std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
     std::vector<TensorPlacement> placements;
     for (const auto& [field, buffer] : probe.buffer_refs()) {
@@ -132,9 +142,9 @@ absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
 
 uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
   static const std::string no_session;
-  Resolver resolver(backend_, registry_, no_session, limits_.max_inline_bytes, nullptr,
+  Resolver resolver(backend_, nullptr, registry_, no_session, limits_.max_inline_bytes, nullptr,
                     /*measure_only=*/true);
-  OpContext ctx{resolver, *backend_, nullptr, nullptr, OpName(op)};
+  OpContext ctx{resolver, *backend_, nullptr, nullptr, nullptr, OpName(op)};
   const absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
   return status.ok() ? resolver.inline_output_bytes() : 0;
 }

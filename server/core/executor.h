@@ -21,6 +21,11 @@
 // whole op (staging, scratch, run, copies back) uses the routed backend; a
 // buffer re-registered on another device meanwhile is FAILED_PRECONDITION at
 // resolution (Backend::OnDevice). op_duration carries its device label.
+// Lease: right after routing the op takes one RequestLease of the routed
+// backend (Backend::BeginRequest: on CUDA one stream, pooled staging and the
+// workspace) and holds it until the inline outputs are copied back; every
+// staging copy and the op go through it, so on CUDA they are ordered on one
+// stream (backend.h).
 //
 // Memory: every allocation an op causes is counted in the request's
 // MemoryBudget reservation before it is made (RESOURCE_EXHAUSTED otherwise,

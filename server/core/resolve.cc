@@ -93,9 +93,11 @@ absl::StatusOr<uint64_t> RowMajorBytes(DType dtype, const std::vector<int64_t>& 
 
 }  // namespace
 
-Resolver::Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-                   uint64_t max_inline_bytes, MemoryBudget::Reservation* memory, bool measure_only)
+Resolver::Resolver(Backend* backend, RequestLease* lease, const BufferRegistry* registry,
+                   const std::string& session, uint64_t max_inline_bytes,
+                   MemoryBudget::Reservation* memory, bool measure_only)
     : backend_(backend),
+      lease_(lease),
       registry_(registry),
       session_(session),
       max_inline_bytes_(max_inline_bytes),
@@ -129,10 +131,10 @@ absl::StatusOr<TensorView> Resolver::InOut(const TensorSpec& spec, absl::string_
   if (spec.source != TensorSpec::Source::kInline) return Input(spec, field);
   const uint64_t bytes = spec.inline_data.size();
   RETURN_IF_ERROR(ReserveInline(result_name, bytes));
-  ASSIGN_OR_RETURN(TensorView v, InlineView(spec, field));
+  size_t slot = 0;
+  ASSIGN_OR_RETURN(TensorView v, InlineView(spec, field, &slot));
   if (measure_only_) return v;
-  pending_.push_back(
-      Pending{std::string(result_name), v.dtype, spec.shape, staging_.back().get(), bytes});
+  pending_.push_back(Pending{std::string(result_name), v.dtype, spec.shape, slot, bytes});
   return v;
 }
 
@@ -176,9 +178,10 @@ absl::StatusOr<TensorView> Resolver::Output(const std::optional<TensorSpec>& spe
   if (measure_only_) {
     return TensorView::Contiguous(&measure_sentinel, derived.dtype, derived.shape);
   }
-  ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
-  pending_.push_back(Pending{std::string(field), derived.dtype, derived.shape, staging, bytes});
-  return TensorView::Contiguous(staging->data(), derived.dtype, derived.shape);
+  ASSIGN_OR_RETURN(const RequestLease::Staged staged,
+                   Stage(field, StageKind::kOutput, nullptr, bytes));
+  pending_.push_back(Pending{std::string(field), derived.dtype, derived.shape, staged.slot, bytes});
+  return TensorView::Contiguous(staged.data, derived.dtype, derived.shape);
 }
 
 absl::StatusOr<std::vector<InlineOutput>> Resolver::TakeInlineOutputs() {
@@ -191,7 +194,7 @@ absl::StatusOr<std::vector<InlineOutput>> Resolver::TakeInlineOutputs() {
     out.dtype = p.dtype;
     out.shape = std::move(p.shape);
     out.data.resize(static_cast<size_t>(p.bytes));
-    RETURN_IF_ERROR(backend_->CopyFromStaging(out.data.data(), *p.staging, p.bytes));
+    RETURN_IF_ERROR(lease_->ReadBack(p.slot, out.data.data(), p.bytes));
     outputs.push_back(std::move(out));
   }
   pending_.clear();
@@ -254,7 +257,8 @@ absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::st
   return v;
 }
 
-absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::string_view field) {
+absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::string_view field,
+                                                size_t* slot) {
   if (!spec.strides.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": inline data is row-major; strides must be empty"));
@@ -271,9 +275,11 @@ absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::st
     v.data = &measure_sentinel;
     return v;
   }
-  ASSIGN_OR_RETURN(const Backend::Staging* staging, Stage(field, bytes));
-  RETURN_IF_ERROR(backend_->CopyToStaging(*staging, spec.inline_data.data(), bytes));
-  v.data = staging->data();
+  ASSIGN_OR_RETURN(const RequestLease::Staged staged,
+                   Stage(field, slot != nullptr ? StageKind::kInOut : StageKind::kInput,
+                         spec.inline_data.data(), bytes));
+  if (slot != nullptr) *slot = staged.slot;
+  v.data = staged.data;
   return v;
 }
 
@@ -289,18 +295,27 @@ absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const Backend::Staging*> Resolver::Stage(absl::string_view field, uint64_t bytes) {
+absl::StatusOr<RequestLease::Staged> Resolver::Stage(absl::string_view field, StageKind kind,
+                                                     const void* src, uint64_t bytes) {
+  if (lease_ == nullptr) {
+    return absl::InternalError(absl::StrCat(field, ": staging without a request lease"));
+  }
   if (memory_ != nullptr) {
-    RETURN_IF_ERROR(memory_->Grow(bytes, absl::StrCat("staging for ", field)));
-    staged_bytes_ += bytes;
+    const uint64_t cost = lease_->StagingCost(bytes);
+    RETURN_IF_ERROR(memory_->Grow(cost, absl::StrCat("staging for ", field)));
+    staged_bytes_ += cost;
   }
-  absl::StatusOr<std::unique_ptr<Backend::Staging>> staging = backend_->AllocateStaging(bytes);
-  if (!staging.ok()) {
-    return absl::Status(staging.status().code(),
-                        absl::StrCat(field, ": ", staging.status().message()));
+  // The kind is explicit: an empty inline input (a default string_view) has
+  // a null data(), and must still be staged as the input it is.
+  absl::StatusOr<RequestLease::Staged> staged =
+      kind == StageKind::kOutput
+          ? lease_->StageOutput(bytes)
+          : lease_->StageInput(src, bytes, /*read_back=*/kind == StageKind::kInOut);
+  if (!staged.ok()) {
+    return absl::Status(staged.status().code(),
+                        absl::StrCat(field, ": ", staged.status().message()));
   }
-  staging_.push_back(*std::move(staging));
-  return staging_.back().get();
+  return *staged;
 }
 
 }  // namespace tokensel::core

@@ -14,14 +14,16 @@
 //    buffer was re-registered there since). Only then is a pointer formed.
 //  - kInline: dtype and shape required, strides must be empty and the length
 //    must equal product(shape) * element size (INVALID_ARGUMENT); the bytes
-//    are copied to backend staging.
+//    are staged through the request's RequestLease (backend.h: on CUDA an
+//    async copy on the op's stream from pooled pinned memory).
 //  - kNone: for inputs INVALID_ARGUMENT "<field>: missing"; for outputs the
 //    result is allocated in staging with the shape the op derives
 //    (output_shapes.h) and returned inline. A dtype or shape in the spec must
 //    then equal the derived one (or, for ids outputs, pick int32|int64).
 // The total size of the inline outputs of one op is bounded by
 // `max_inline_bytes` (RESOURCE_EXHAUSTED, checked before allocating), and
-// every staging allocation is first reserved in `memory` (MemoryBudget).
+// every staging allocation is first reserved in `memory` (MemoryBudget), at
+// the lease's StagingCost (host and device staging on CUDA).
 // Every message starts with the request field's name.
 //
 // Measure mode (`measure_only`): the same checks and shape derivations on
@@ -55,9 +57,12 @@ class Resolver {
  public:
   using DeriveFn = absl::FunctionRef<absl::StatusOr<OutputShape>()>;
 
-  // `memory` may be null (nothing is counted).
-  Resolver(Backend* backend, const BufferRegistry* registry, const std::string& session,
-           uint64_t max_inline_bytes, MemoryBudget::Reservation* memory, bool measure_only = false);
+  // `memory` may be null (nothing is counted). `lease` (the request's, on
+  // `backend`) stages inline tensors; null only in measure mode. Both must
+  // outlive the resolver.
+  Resolver(Backend* backend, RequestLease* lease, const BufferRegistry* registry,
+           const std::string& session, uint64_t max_inline_bytes, MemoryBudget::Reservation* memory,
+           bool measure_only = false);
   ~Resolver();
   Resolver(const Resolver&) = delete;
   Resolver& operator=(const Resolver&) = delete;
@@ -80,7 +85,8 @@ class Resolver {
   absl::StatusOr<kernels::TensorView> Output(const std::optional<TensorSpec>& spec,
                                              absl::string_view field, DeriveFn derive);
 
-  // After the op succeeded: copies the inline outputs back from staging, in
+  // After the op succeeded: copies the inline outputs out of the lease's
+  // read-back staging (RequestLease::ReadBack), in
   // the order they were resolved (their bytes are reserved in `memory` first,
   // and stay reserved).
   absl::StatusOr<std::vector<InlineOutput>> TakeInlineOutputs();
@@ -105,18 +111,28 @@ class Resolver {
     std::string name;
     kernels::DType dtype;
     std::vector<int64_t> shape;
-    const Backend::Staging* staging;
+    size_t slot;  // RequestLease::Staged::slot
     uint64_t bytes;
   };
 
   absl::StatusOr<kernels::TensorView> BufferView(const TensorSpec& spec, absl::string_view field);
-  absl::StatusOr<kernels::TensorView> InlineView(const TensorSpec& spec, absl::string_view field);
+  // `slot` (not null: the tensor is read back after the op) receives its
+  // staging slot.
+  absl::StatusOr<kernels::TensorView> InlineView(const TensorSpec& spec, absl::string_view field,
+                                                 size_t* slot = nullptr);
   // Counts `bytes` more inline output bytes; RESOURCE_EXHAUSTED beyond
   // max_inline_bytes_.
   absl::Status ReserveInline(absl::string_view field, uint64_t bytes);
-  absl::StatusOr<const Backend::Staging*> Stage(absl::string_view field, uint64_t bytes);
+  // What Stage stages: an inline input (kInput; kInOut: also read back after
+  // the op) copied from `src`, or a zeroed output (kOutput; `src` unused).
+  enum class StageKind { kInput, kInOut, kOutput };
+  // Reserves the lease's StagingCost(bytes) in `memory`, then stages as
+  // `kind` says. Errors are prefixed with `field`.
+  absl::StatusOr<RequestLease::Staged> Stage(absl::string_view field, StageKind kind,
+                                             const void* src, uint64_t bytes);
 
   Backend* const backend_;
+  RequestLease* const lease_;
   const BufferRegistry* const registry_;
   const std::string& session_;
   const uint64_t max_inline_bytes_;
@@ -126,7 +142,6 @@ class Resolver {
   uint64_t staged_bytes_ = 0;
   std::vector<std::pair<std::string, BufferLease>> leases_;       // (buffer name, lease)
   std::vector<std::pair<std::string, std::string>> buffer_refs_;  // measure mode
-  std::vector<std::unique_ptr<Backend::Staging>> staging_;
   std::vector<Pending> pending_;
 };
 

@@ -234,6 +234,13 @@ TEST_F(ClientOpsTest, InlineSortScatterTopKMatchCpuOracle) {
     ASSERT_EQ(executed->results_size(), 2);
     EXPECT_EQ(OutputValues<int32_t>(executed->results(1), "ids").value_or(std::vector<int32_t>{}),
               ids);
+    // CUDA IPC events travel in the request the client passes; this (CPU)
+    // server refuses them naming the field, before running anything.
+    v1::ExecuteRequest with_event = exec;
+    with_event.set_record_event(std::string(64, '\x01'));
+    EXPECT_THAT(client.Execute(with_event).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         "record_event: CUDA IPC events need the cuda backend"));
     absl::StatusOr<v1::OpResponse> ran = client.RunOp(op);
     ASSERT_OK(ran.status());
     EXPECT_EQ(OutputValues<int32_t>(*ran, "ids").value_or(std::vector<int32_t>{}), ids);

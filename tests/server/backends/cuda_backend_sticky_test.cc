@@ -71,6 +71,9 @@ std::unique_ptr<core::Backend::Staging> Stage(core::Backend& b, const void* data
   args.activations.data = a->data();
   const absl::Status later = cuda.Run(args);
   if (later.code() != absl::StatusCode::kUnavailable) Fail("a later op: " + later.ToString());
+  if (cuda.BeginRequest().status().code() != absl::StatusCode::kUnavailable) {
+    Fail("a later request lease");
+  }
   if (cuda.AllocateStaging(16).status().code() != absl::StatusCode::kUnavailable) {
     Fail("a later AllocateStaging");
   }

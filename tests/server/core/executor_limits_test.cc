@@ -4,8 +4,11 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <utility>
 #include <variant>
 
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/stop.h"
 #include "tests/server/core/executor_test_util.h"
@@ -48,6 +51,52 @@ class ManualToken : public kernels::StopToken {
   std::atomic<bool> fired{false};
   absl::Status Check() const override {
     return fired.load() ? absl::CancelledError("the client cancelled the call") : absl::OkStatus();
+  }
+};
+
+// The default (synchronous) lease, wrapped to note what the budget still
+// counts when the lease ends: its staging must be counted until then (on
+// CUDA the lease's blocks return to their pools, after a drain, only there).
+class ObservedLease final : public core::RequestLease {
+ public:
+  ObservedLease(std::unique_ptr<core::RequestLease> inner, std::function<void()> on_end)
+      : inner_(std::move(inner)), on_end_(std::move(on_end)) {}
+  ~ObservedLease() override {
+    inner_.reset();
+    on_end_();
+  }
+  uint64_t StagingCost(uint64_t bytes) const override { return inner_->StagingCost(bytes); }
+  absl::StatusOr<Staged> StageInput(const void* src, uint64_t bytes, bool read_back) override {
+    ++*inputs;
+    return inner_->StageInput(src, bytes, read_back);
+  }
+  absl::StatusOr<Staged> StageOutput(uint64_t bytes) override {
+    ++*outputs;
+    return inner_->StageOutput(bytes);
+  }
+  int* inputs = nullptr;   // StageInput calls
+  int* outputs = nullptr;  // StageOutput calls
+  absl::Status RunOp(core::OpArgs args) override { return inner_->RunOp(args); }
+  absl::Status ReadBack(size_t slot, void* dst, uint64_t bytes) override {
+    return inner_->ReadBack(slot, dst, bytes);
+  }
+
+ private:
+  std::unique_ptr<core::RequestLease> inner_;
+  std::function<void()> on_end_;
+};
+
+class LeaseObservingBackend : public ScriptedBackend {
+ public:
+  std::function<void()> on_lease_end = [] {};
+  int inputs = 0;
+  int outputs = 0;
+  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
+    ASSIGN_OR_RETURN(std::unique_ptr<core::RequestLease> inner, core::Backend::BeginRequest());
+    auto lease = std::make_unique<ObservedLease>(std::move(inner), on_lease_end);
+    lease->inputs = &inputs;
+    lease->outputs = &outputs;
+    return lease;
   }
 };
 
@@ -118,6 +167,46 @@ TEST_F(ExecutorLimitsTest, InlineStagingIsCountedAndResultsStayReserved) {
   EXPECT_EQ(budget.used_bytes(), 96u);
   memory = core::MemoryBudget::Reservation();
   EXPECT_EQ(budget.used_bytes(), 0u);
+}
+
+TEST_F(ExecutorLimitsTest, StagingStaysCountedUntilTheLeaseEnds) {
+  LeaseObservingBackend backend;
+  core::MemoryBudget budget(/*total=*/1 << 20, /*per_request=*/1 << 20, nullptr);
+  core::Executor executor(&backend, &registry_, nullptr, Limits(), &budget);
+  uint64_t at_end = 0;
+  backend.on_lease_end = [&] { at_end = budget.used_bytes(); };
+  // Success: the 96-byte inline result (held by the caller) and its 96-byte
+  // staging, still counted when the lease gives the staging back.
+  core::MemoryBudget::Reservation memory = budget.Open();
+  ASSERT_OK(executor.Run(session_, Gather(), core::RunOptions{nullptr, &memory}));
+  EXPECT_EQ(at_end, 96u + 96u);
+  EXPECT_EQ(budget.used_bytes(), 96u);
+  memory = core::MemoryBudget::Reservation();
+  // Failure after staging (stopped before the op): the staging is counted
+  // until the lease ends, then nothing is.
+  ManualToken token;
+  token.fired = true;
+  EXPECT_THAT(executor.Run(session_, Gather(), core::RunOptions{&token, nullptr}),
+              StatusIs(StatusCode::kCancelled));
+  EXPECT_EQ(at_end, 96u);
+  EXPECT_EQ(budget.used_bytes(), 0u);
+}
+
+TEST_F(ExecutorLimitsTest, AnEmptyInlineInputIsStagedAsAnInput) {
+  // Indices [2,0] inline with no bytes: the default string_view, whose
+  // data() is null, must still be an input (not a zeroed output).
+  LeaseObservingBackend backend;
+  core::Executor executor(&backend, &registry_, nullptr, Limits());
+  core::GatherTokensRequest req = Gather();
+  const HostTensor acts = RandomHost(DType::kFloat32, {2, 8, 4}, rng_);
+  req.activations = Inline(acts);
+  req.indices = Inline(HostTensor{});
+  req.indices.dtype = DType::kInt32;
+  req.indices.shape = {2, 0};
+  req.indices.inline_data = absl::string_view();
+  ASSERT_OK(executor.Run(session_, req));
+  EXPECT_EQ(backend.inputs, 2);   // activations, indices
+  EXPECT_EQ(backend.outputs, 1);  // out
 }
 
 TEST_F(ExecutorLimitsTest, InlineInputsTooLargeForTheRequestAreRefused) {

@@ -331,13 +331,22 @@ class Client:
         a context manager; see tokensel.stream."""
         return Stream(self, window=window, timeout=timeout)
 
-    def execute(self, prepared_ops):
+    def execute(self, prepared_ops, *, wait_event=None, record_event=None):
         """Runs PreparedOps (from `client.ops`) in order in one round trip;
         returns their results. The first failing op raises (its message
-        starts with "ops[i] (Name): ") and the later ones do not run."""
+        starts with "ops[i] (Name): ") and the later ones do not run.
+
+        wait_event / record_event: CUDA IPC events (ExecuteRequest fields),
+        each a torch.cuda.Event(interprocess=True) or the 64 bytes of a
+        cudaIpcEventHandle_t; checked here (ValueError / TypeError, before
+        any RPC) and sent as given. No server implements them yet: every
+        backend answers FailedPreconditionError naming the field (see
+        docs/server.md, "CUDA IPC events")."""
         prepared_ops = list(prepared_ops)
         request = pb.ExecuteRequest(
-            ops=[pb.Op(**{p.field: p.request}) for p in prepared_ops])
+            ops=[pb.Op(**{p.field: p.request}) for p in prepared_ops],
+            wait_event=cuda_ipc.event_handle(wait_event, "wait_event"),
+            record_event=cuda_ipc.event_handle(record_event, "record_event"))
         response = self.call("Execute", request)
         return [p.finish(r) for p, r in zip(prepared_ops, response.results)]
 

@@ -37,6 +37,33 @@ def _check(result, what):
     return values[0] if len(values) == 1 else values
 
 
+IPC_EVENT_HANDLE_BYTES = 64  # sizeof(cudaIpcEventHandle_t)
+
+
+def event_handle(event, field):
+    """The 64 bytes of a CUDA IPC event handle for Execute's `field`
+    ("wait_event" / "record_event"): b"" for None; a torch.cuda.Event made
+    with interprocess=True (its ipc_handle()); or the raw bytes of a
+    cudaIpcEventHandle_t. ValueError for another length, TypeError for
+    anything else. Touches no device."""
+    if event is None:
+        return b""
+    if hasattr(event, "ipc_handle"):
+        try:
+            event = event.ipc_handle()
+        except RuntimeError as e:  # torch: an event made without interprocess=True
+            raise ValueError("%s: the event has no IPC handle (create it with "
+                             "torch.cuda.Event(interprocess=True)): %s" % (field, e)) from None
+    if isinstance(event, (bytes, bytearray, memoryview)):
+        raw = bytes(event)
+        if len(raw) != IPC_EVENT_HANDLE_BYTES:
+            raise ValueError("%s: a CUDA IPC event handle is %d bytes, got %d"
+                             % (field, IPC_EVENT_HANDLE_BYTES, len(raw)))
+        return raw
+    raise TypeError("%s takes a torch.cuda.Event(interprocess=True) or the %d bytes of a "
+                    "cudaIpcEventHandle_t, got %r" % (field, IPC_EVENT_HANDLE_BYTES, type(event)))
+
+
 def format_uuid(raw):
     """"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" from 16 raw bytes."""
     h = bytes(raw).hex()
