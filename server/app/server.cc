@@ -18,6 +18,7 @@
 #include "server/grpc/handlers.h"
 #include "server/grpc/listeners.h"
 #include "server/memory/cuda_ipc_mapper.h"
+#include "server/memory/cuda_vmm_mapper.h"
 #include "server/memory/host_fd_mapper.h"
 #include "server/memory/sigbus_guard.h"
 
@@ -83,6 +84,7 @@ absl::Status Server::Init() {
   }
   ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
   cuda_ipc_ = memory::MakeCudaIpcMapper();
+  cuda_vmm_ = memory::MakeCudaVmmMapper();
 
   metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name(),
                                                     backend_->device_labels());
@@ -90,8 +92,8 @@ absl::Status Server::Init() {
   registry_limits.max_buffers_per_session = options_.max_buffers;
   registry_limits.max_buffers =
       options_.max_buffers_total != 0 ? options_.max_buffers_total : DefaultMaxBuffersTotal();
-  registry_ = std::make_unique<core::BufferRegistry>(host_memory_.get(), cuda_ipc_.get(),
-                                                     registry_limits, metrics_.get());
+  registry_ = std::make_unique<core::BufferRegistry>(
+      host_memory_.get(), cuda_ipc_.get(), cuda_vmm_.get(), registry_limits, metrics_.get());
   core::SessionLimits session_limits;
   session_limits.default_ttl = options_.session_ttl;
   session_limits.max_ttl = std::max(options_.max_session_ttl, options_.session_ttl);
@@ -104,7 +106,7 @@ absl::Status Server::Init() {
         tickets_->DropSession(session);
       },
       metrics_.get());
-  tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(),
+  tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(), cuda_vmm_.get(),
                                                core::FdTicketLimits());
   const uint64_t budget_bytes =
       options_.memory_budget_bytes != 0 ? options_.memory_budget_bytes : DefaultMemoryBudgetBytes();

@@ -26,6 +26,9 @@ struct FdRegionSpec {
   FdKind kind = FdKind::kHostMemory;
   uint64_t offset = 0;
   uint64_t size = 0;
+  // kCudaVmm: the GPU the allocation lives on, by UUID (as CudaIpcSpec);
+  // must be empty for host memory.
+  std::string device_uuid;
 };
 
 struct CudaIpcSpec {

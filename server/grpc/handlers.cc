@@ -107,7 +107,7 @@ absl::Status Handlers::Register(const std::string& session,
     ASSIGN_OR_RETURN(core::FdTickets::Redeemed redeemed,
                      deps_.tickets->Redeem(session, request.fd().ticket()));
     spec = core::FdRegionSpec{std::move(redeemed.fd), redeemed.kind, request.fd().offset(),
-                              request.fd().size()};
+                              request.fd().size(), request.fd().device_uuid()};
   } else {
     ASSIGN_OR_RETURN(spec, RegionFromProto(request));
   }

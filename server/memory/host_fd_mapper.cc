@@ -139,6 +139,10 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
   }
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
+  if (!fd_spec->device_uuid.empty()) {
+    return absl::InvalidArgumentError(
+        "fd.device_uuid is set, but the descriptor is host memory (FD_KIND_HOST_MEMORY)");
+  }
   if (size == 0) return absl::InvalidArgumentError("fd.size must be > 0");
   if (size > UINT64_MAX - offset) {
     return absl::OutOfRangeError(

@@ -1,0 +1,399 @@
+// CudaVmmMapper over a fake CudaVmmDriver: the import / map / set-access
+// sequence, its checks and its cleanup, with no GPU. The fake counts every
+// acquire and release (handles, reservations, mappings), refuses what the
+// real driver refuses (a map past the allocation or not granularity-aligned,
+// freeing a still-mapped range, releasing twice), and can fail any step.
+// Descriptors: the tests cannot make an NVIDIA descriptor, so the mapper is
+// told /dev/null's major (1) is NVIDIA's; fake allocations are keyed by the
+// descriptor's number.
+#include "server/memory/cuda_vmm_mapper.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/core/buffer_registry.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::memory {
+namespace {
+
+using ::absl::StatusCode;
+using ::tokensel::testing::StatusIs;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGranularity = 2 * kMiB;
+const char kGpu0[] = "GPU-00000000-0000-0000-0000-00000000000a";
+const char kGpu1[] = "GPU-00000000-0000-0000-0000-00000000000b";
+
+class FakeDriver final : public CudaVmmDriver {
+ public:
+  struct Allocation {
+    uint64_t size = 0;
+    VmmLocation location;
+  };
+  enum Step { kNone, kImport, kLocation, kGetGranularity, kReserve, kMap, kSetAccess };
+
+  absl::Status Available() override { return available; }
+  absl::StatusOr<std::vector<VmmDevice>> Devices() override {
+    return std::vector<VmmDevice>{{0, kGpu0, 16 * 1024 * kMiB}, {1, kGpu1, 16 * 1024 * kMiB}};
+  }
+  Result Import(int device, int fd, Handle* handle) override {
+    calls.push_back("import");
+    if (Fail(kImport)) return fail_result;
+    auto it = allocations.find(fd);
+    if (it == allocations.end()) return kInvalidValue;
+    *handle = next_handle++;
+    handles[*handle] = it->second;
+    handle_device[*handle] = device;
+    return kSuccess;
+  }
+  Result Location(int, Handle handle, VmmLocation* location) override {
+    calls.push_back("location");
+    if (Fail(kLocation)) return fail_result;
+    if (handles.count(handle) == 0) return kInvalidHandle;
+    *location = handles[handle].location;
+    return kSuccess;
+  }
+  Result Granularity(int, uint64_t* bytes) override {
+    calls.push_back("granularity");
+    if (Fail(kGetGranularity)) return fail_result;
+    *bytes = granularity;
+    return kSuccess;
+  }
+  Result Reserve(int, uint64_t size, uint64_t alignment, uint64_t* va) override {
+    calls.push_back("reserve");
+    if (Fail(kReserve)) return fail_result;
+    if (size == 0 || size % granularity != 0 || alignment % granularity != 0) return kInvalidValue;
+    *va = next_va;
+    next_va += size + granularity;  // a gap, so ranges never touch
+    reserved[*va] = size;
+    return kSuccess;
+  }
+  Result Map(int device, uint64_t va, uint64_t size, Handle handle) override {
+    calls.push_back("map");
+    if (Fail(kMap)) return fail_result;
+    auto r = reserved.find(va);
+    auto h = handles.find(handle);
+    if (r == reserved.end() || h == handles.end() || size > r->second) return kInvalidValue;
+    // The driver's rules: whole granules, inside the allocation, offset 0.
+    if (size % granularity != 0 || size > h->second.size) return kInvalidValue;
+    if (mapped.count(va) != 0) return kInvalidValue;
+    mapped[va] = {size, device};
+    return kSuccess;
+  }
+  Result SetAccess(int device, uint64_t va, uint64_t size) override {
+    calls.push_back("access");
+    if (Fail(kSetAccess)) return fail_result;
+    auto m = mapped.find(va);
+    if (m == mapped.end() || m->second.first != size) return kInvalidValue;
+    access_device[va] = device;
+    return kSuccess;
+  }
+  Result Unmap(int, uint64_t va, uint64_t size) override {
+    calls.push_back("unmap");
+    auto m = mapped.find(va);
+    if (m == mapped.end() || m->second.first != size) return ++bad_calls, kInvalidValue;
+    mapped.erase(m);
+    access_device.erase(va);
+    return kSuccess;
+  }
+  Result Free(int, uint64_t va, uint64_t size) override {
+    calls.push_back("free");
+    auto r = reserved.find(va);
+    if (r == reserved.end() || r->second != size || mapped.count(va) != 0) {
+      return ++bad_calls, kInvalidValue;
+    }
+    reserved.erase(r);
+    return kSuccess;
+  }
+  Result Release(int, Handle handle) override {
+    calls.push_back("release");
+    if (handles.erase(handle) == 0) return ++bad_calls, kInvalidHandle;
+    return kSuccess;
+  }
+  std::string ErrorName(Result r) override { return absl::StrCat("FAKE_ERROR_", r); }
+
+  bool Fail(Step step) const { return fail_at == step; }
+  // Nothing acquired is still held.
+  bool Clean() const { return handles.empty() && reserved.empty() && mapped.empty(); }
+
+  absl::Status available;
+  uint64_t granularity = kGranularity;
+  std::map<int, Allocation> allocations;  // by descriptor number
+  Step fail_at = kNone;
+  Result fail_result = 999;
+  Handle next_handle = 100;
+  uint64_t next_va = uint64_t{1} << 40;
+  std::map<Handle, Allocation> handles;  // live imported handles
+  std::map<Handle, int> handle_device;
+  std::map<uint64_t, uint64_t> reserved;                // va -> size
+  std::map<uint64_t, std::pair<uint64_t, int>> mapped;  // va -> (size, device)
+  std::map<uint64_t, int> access_device;
+  std::vector<std::string> calls;
+  int bad_calls = 0;
+};
+
+class CudaVmmMapperTest : public ::testing::Test {
+ protected:
+  CudaVmmMapperTest() : mapper_(&driver_, major(DevNullRdev())) {}
+
+  static dev_t DevNullRdev() {
+    struct stat st;
+    EXPECT_EQ(stat("/dev/null", &st), 0);
+    return st.st_rdev;
+  }
+  // A "VMM descriptor" (/dev/null) standing for an allocation of `size`
+  // bytes on device `ordinal`.
+  core::FdRegionSpec Allocation(uint64_t size, int ordinal, uint64_t offset, uint64_t length,
+                                const std::string& uuid) {
+    const int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    FakeDriver::Allocation a;
+    a.size = size;
+    a.location.on_device = ordinal >= 0;
+    a.location.type = ordinal >= 0 ? 1 : 2;
+    a.location.ordinal = ordinal;
+    driver_.allocations[fd] = a;
+    core::FdRegionSpec spec;
+    spec.fd = std::make_shared<const UniqueFd>(fd);
+    spec.kind = core::FdKind::kCudaVmm;
+    spec.offset = offset;
+    spec.size = length;
+    spec.device_uuid = uuid;
+    return spec;
+  }
+
+  FakeDriver driver_;
+  CudaVmmMapper mapper_;
+};
+
+TEST_F(CudaVmmMapperTest, MapsFromOffsetZeroInWholeGranulesOnTheNamedDevice) {
+  // A tensor at offset 3 MiB + 256 of a 10 MiB allocation on GPU 1.
+  const uint64_t offset = 3 * kMiB + 256, size = 4 * kMiB + 100;
+  core::FdRegionSpec spec = Allocation(10 * kMiB, 1, offset, size, kGpu1);
+  {
+    auto region = mapper_.Map(spec);
+    ASSERT_TRUE(region.ok()) << region.status();
+    ASSERT_EQ(driver_.mapped.size(), 1u);
+    const uint64_t va = driver_.mapped.begin()->first;
+    // offset + size = 7 MiB + 356 -> 4 granules of 2 MiB, from offset 0.
+    EXPECT_EQ(driver_.mapped.begin()->second.first, 8 * kMiB);
+    EXPECT_EQ(driver_.mapped.begin()->second.second, 1);
+    EXPECT_EQ(driver_.access_device.at(va), 1);  // read-write for that device only
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*region)->data()), va + offset);
+    EXPECT_EQ((*region)->size(), size);
+    EXPECT_EQ((*region)->memory_kind(), core::MemoryKind::kCudaDevice);
+    EXPECT_EQ((*region)->device_uuid(), kGpu1);
+    EXPECT_EQ(driver_.handles.size(), 1u);
+    EXPECT_EQ(driver_.handle_device.begin()->second, 1);  // imported on the named device
+    driver_.calls.clear();
+  }
+  // Destroying the region gives back everything, in reverse order.
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_THAT(driver_.calls, ::testing::ElementsAre("unmap", "free", "release"));
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
+TEST_F(CudaVmmMapperTest, AFailureAtEveryStepLeaksNothing) {
+  const struct {
+    FakeDriver::Step step;
+    CudaVmmDriver::Result result;
+    StatusCode code;
+  } cases[] = {
+      {FakeDriver::kImport, CudaVmmDriver::kInvalidValue, StatusCode::kInvalidArgument},
+      {FakeDriver::kImport, 999, StatusCode::kInternal},
+      {FakeDriver::kLocation, 999, StatusCode::kInternal},
+      {FakeDriver::kGetGranularity, 999, StatusCode::kInternal},
+      {FakeDriver::kReserve, CudaVmmDriver::kOutOfMemory, StatusCode::kResourceExhausted},
+      {FakeDriver::kReserve, 999, StatusCode::kInternal},
+      {FakeDriver::kMap, CudaVmmDriver::kOutOfMemory, StatusCode::kResourceExhausted},
+      {FakeDriver::kMap, 999, StatusCode::kInternal},
+      {FakeDriver::kSetAccess, 999, StatusCode::kInternal},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(absl::StrCat("step ", c.step, " result ", c.result));
+    driver_.fail_at = c.step;
+    driver_.fail_result = c.result;
+    EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)), StatusIs(c.code));
+    EXPECT_TRUE(driver_.Clean());
+    EXPECT_EQ(driver_.bad_calls, 0);
+  }
+  driver_.fail_at = FakeDriver::kNone;
+  auto region = mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, kGpu0));
+  EXPECT_TRUE(region.ok()) << region.status();
+}
+
+TEST_F(CudaVmmMapperTest, ASizePastTheAllocationIsOutOfRangeAndLeavesNothingMapped) {
+  // 4 MiB allocation; the client claims 2 MiB at offset 3 MiB.
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 3 * kMiB, 2 * kMiB, kGpu0)),
+              StatusIs(StatusCode::kOutOfRange, "exceeds the allocation"));
+  EXPECT_TRUE(driver_.Clean());
+  // Exactly up to the end is fine, whatever the alignment of offset and size.
+  EXPECT_TRUE(mapper_.Map(Allocation(4 * kMiB, 0, 3 * kMiB + 1, kMiB - 1, kGpu0)).ok());
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
+TEST_F(CudaVmmMapperTest, TheAllocationMustLiveOnTheClaimedDevice) {
+  // On GPU 1, claimed on GPU 0: refused, naming both, nothing held.
+  EXPECT_THAT(
+      mapper_.Map(Allocation(4 * kMiB, 1, 0, kMiB, kGpu0)),
+      StatusIs(StatusCode::kFailedPrecondition,
+               absl::StrCat("fd.device_uuid is ", kGpu0, " but the allocation lives on ", kGpu1)));
+  EXPECT_TRUE(driver_.mapped.empty());
+  EXPECT_TRUE(driver_.Clean());
+  // Host-located memory (CU_MEM_LOCATION_TYPE_HOST) is not device memory.
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, -1, 0, kMiB, kGpu0)),
+              StatusIs(StatusCode::kFailedPrecondition, "not device memory"));
+  EXPECT_TRUE(driver_.Clean());
+  // A device the server does not see: refused before any import.
+  driver_.calls.clear();
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, "GPU-ffff")),
+              StatusIs(StatusCode::kFailedPrecondition, "not a device visible to the server"));
+  EXPECT_TRUE(driver_.calls.empty());
+  // UUIDs compare without regard to case.
+  std::string upper = kGpu0;
+  for (char& ch : upper) ch = static_cast<char>(toupper(ch));
+  auto region = mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, upper));
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ((*region)->device_uuid(), kGpu0);
+}
+
+TEST_F(CudaVmmMapperTest, SpecsAreCheckedBeforeTheDriverIsCalled) {
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, 0, kGpu0)),
+              StatusIs(StatusCode::kInvalidArgument, "fd.size must be > 0"));
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, "")),
+              StatusIs(StatusCode::kInvalidArgument, "fd.device_uuid is empty"));
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, UINT64_MAX - 5, 6, kGpu0)),
+              StatusIs(StatusCode::kOutOfRange, "overflows"));
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, UINT64_MAX - 5, 5, kGpu0)),
+              StatusIs(StatusCode::kOutOfRange, "exceeds the 17179869184 bytes of device"));
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, 16 * 1024 * kMiB + 1, kGpu0)),
+              StatusIs(StatusCode::kOutOfRange, "bytes of device"));
+  core::FdRegionSpec host = Allocation(4 * kMiB, 0, 0, kMiB, kGpu0);
+  host.kind = core::FdKind::kHostMemory;
+  EXPECT_THAT(mapper_.Map(host), StatusIs(StatusCode::kInvalidArgument, "host_shm"));
+  EXPECT_THAT(mapper_.Map(core::CudaIpcSpec{}), StatusIs(StatusCode::kInvalidArgument));
+  core::FdRegionSpec no_fd = Allocation(4 * kMiB, 0, 0, kMiB, kGpu0);
+  no_fd.fd = nullptr;
+  EXPECT_THAT(mapper_.Map(no_fd), StatusIs(StatusCode::kInvalidArgument, "no file descriptor"));
+  EXPECT_TRUE(driver_.calls.empty());
+}
+
+TEST_F(CudaVmmMapperTest, OnlyNvidiaDescriptorsPass) {
+  UniqueFd memfd(memfd_create("host", MFD_CLOEXEC));
+  EXPECT_THAT(mapper_.Inspect(memfd.get()),
+              StatusIs(StatusCode::kInvalidArgument, "FD_KIND_HOST_MEMORY"));
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  EXPECT_THAT(mapper_.Inspect(read_end.get()), StatusIs(StatusCode::kInvalidArgument, "a pipe"));
+  UniqueFd dir(open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  EXPECT_THAT(mapper_.Inspect(dir.get()), StatusIs(StatusCode::kInvalidArgument, "directory"));
+  EXPECT_THAT(mapper_.Inspect(-1), StatusIs(StatusCode::kInvalidArgument));
+  UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
+  EXPECT_TRUE(mapper_.Inspect(null.get()).ok());
+  // With the real major, /dev/null (1:3) is another device.
+  CudaVmmMapper real_major(&driver_);
+  EXPECT_THAT(real_major.Inspect(null.get()),
+              StatusIs(StatusCode::kInvalidArgument, "is not an NVIDIA device (major 195)"));
+  // A regular file spec is refused by Map as well, before any driver call.
+  core::FdRegionSpec spec = Allocation(4 * kMiB, 0, 0, kMiB, kGpu0);
+  spec.fd = std::make_shared<const UniqueFd>(memfd_create("host", MFD_CLOEXEC));
+  EXPECT_THAT(mapper_.Map(spec), StatusIs(StatusCode::kInvalidArgument, "regular file"));
+  EXPECT_TRUE(driver_.calls.empty());
+}
+
+TEST_F(CudaVmmMapperTest, WithoutCudaEverythingIsFailedPreconditionFirst) {
+  driver_.available = absl::FailedPreconditionError("cuda_vmm: the server sees no CUDA device");
+  UniqueFd memfd(memfd_create("host", MFD_CLOEXEC));
+  EXPECT_THAT(mapper_.Inspect(memfd.get()),
+              StatusIs(StatusCode::kFailedPrecondition, "no CUDA device"));
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)),
+              StatusIs(StatusCode::kFailedPrecondition, "no CUDA device"));
+  EXPECT_TRUE(driver_.calls.empty());
+}
+
+// Random offsets, sizes and granularities against the rule: mapped iff
+// offset + size <= the allocation; then the mapping is the least whole
+// number of granules covering offset + size, and everything is given back.
+TEST_F(CudaVmmMapperTest, RandomSpecsMapExactlyTheLeastCoveringGranules) {
+  std::mt19937_64 rng(12345);
+  for (int i = 0; i < 300; ++i) {
+    driver_.granularity = uint64_t{1} << (12 + rng() % 10);
+    const uint64_t granules = 1 + rng() % 6;
+    const uint64_t alloc = granules * driver_.granularity;
+    const uint64_t offset = rng() % (alloc + driver_.granularity);
+    const uint64_t size = 1 + rng() % (alloc + 1);
+    SCOPED_TRACE(absl::StrCat("g=", driver_.granularity, " alloc=", alloc, " offset=", offset,
+                              " size=", size));
+    auto region = mapper_.Map(Allocation(alloc, 0, offset, size, kGpu0));
+    if (offset + size > alloc) {
+      EXPECT_THAT(region, StatusIs(StatusCode::kOutOfRange, "exceeds the allocation"));
+    } else {
+      ASSERT_TRUE(region.ok()) << region.status();
+      ASSERT_EQ(driver_.mapped.size(), 1u);
+      const uint64_t length = driver_.mapped.begin()->second.first;
+      EXPECT_EQ(length % driver_.granularity, 0u);
+      EXPECT_GE(length, offset + size);
+      EXPECT_LT(length - (offset + size), driver_.granularity);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>((*region)->data()),
+                driver_.mapped.begin()->first + offset);
+      region->reset();
+    }
+    ASSERT_TRUE(driver_.Clean());
+  }
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
+// Through the registry: VMM buffers count against the same limits as the
+// others, double unregister is NOT_FOUND, and an unregister while an op
+// holds a lease defers the unmap to the lease's release.
+TEST_F(CudaVmmMapperTest, RegistryLeasesLimitsAndDoubleUnregister) {
+  core::RegistryLimits limits;
+  limits.max_buffers_per_session = 2;
+  limits.max_buffers = 3;
+  core::BufferRegistry registry(nullptr, nullptr, &mapper_, limits, nullptr);
+  auto info = registry.Register("s1", "a", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->kind, "cuda_vmm");
+  EXPECT_EQ(info->device_uuid, kGpu0);
+  EXPECT_EQ(info->size, kMiB);
+  ASSERT_TRUE(registry.Register("s1", "b", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)).ok());
+  EXPECT_THAT(registry.Register("s1", "c", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)),
+              StatusIs(StatusCode::kResourceExhausted, "max_buffers_per_session"));
+  ASSERT_TRUE(registry.Register("s2", "a", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)).ok());
+  EXPECT_THAT(registry.Register("s3", "a", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)),
+              StatusIs(StatusCode::kResourceExhausted, "max_buffers"));
+  EXPECT_EQ(driver_.mapped.size(), 3u);  // the refused ones mapped nothing
+
+  absl::StatusOr<core::BufferLease> lease = registry.Acquire("s1", "a");
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(registry.Unregister("s1", "a").ok());
+  EXPECT_THAT(registry.Unregister("s1", "a"), StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(driver_.mapped.size(), 3u);  // the op's lease keeps it mapped
+  lease->reset();
+  EXPECT_EQ(driver_.mapped.size(), 2u);
+  registry.UnregisterAll("s1");
+  registry.UnregisterAll("s2");
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
+}  // namespace
+}  // namespace tokensel::memory
