@@ -213,6 +213,29 @@ TEST_F(BadInputTest, DescriptorsThatAreNotSharedMemoryAreRefusedOnArrival) {
   ExpectStillServes();
 }
 
+// FD_KIND_CUDA_VMM on this server (CPU backend): without a CUDA device (or
+// CUDA in the build) FAILED_PRECONDITION saying so; on a host with a GPU the
+// descriptor's type is checked, and a memfd is not a VMM descriptor. Either
+// way no ticket is issued and the server goes on.
+TEST_F(BadInputTest, CudaVmmDescriptorsGetAPreciseError) {
+  const int memfd = memfd_create("not-vmm", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  absl::StatusOr<v1::FdChannelReply> reply =
+      client::SendFd(server_->fd_channel_path(), client_->session(), v1::FD_KIND_CUDA_VMM, memfd);
+  close(memfd);
+  ASSERT_FALSE(reply.ok());
+  if (reply.status().code() == Code::kFailedPrecondition) {
+    EXPECT_THAT(reply.status(), StatusIs(Code::kFailedPrecondition, "cuda_vmm: "));
+    EXPECT_THAT(std::string(reply.status().message()),
+                ::testing::AnyOf(::testing::HasSubstr("sees no CUDA device"),
+                                 ::testing::HasSubstr("built without CUDA")));
+  } else {
+    EXPECT_THAT(reply.status(),
+                StatusIs(Code::kInvalidArgument, "a regular file is not a CUDA VMM descriptor"));
+  }
+  ExpectStillServes();
+}
+
 TEST_F(BadInputTest, ATicketServesOnlyItsSessionAndOnlyOnce) {
   const int fd = shm_open(shm_.name().c_str(), O_RDWR | O_CLOEXEC, 0);
   ASSERT_GE(fd, 0);

@@ -152,7 +152,8 @@ class Client {
   //    name (with its own rights: NOT_FOUND / PERMISSION_DENIED as shm_open
   //    says) and registers its descriptor;
   //  - fd {ticket "fd:<n>", offset, size} (LocalFdTicket, what
-  //    SharedRegion::RegisterRequest makes): registers descriptor n;
+  //    SharedRegion::RegisterRequest makes): registers descriptor n, as
+  //    FD_KIND_CUDA_VMM when fd.device_uuid is set, else as host memory;
   //  - fd with a server ticket, and cuda_ipc: sent as they are.
   // Descriptors go over the fd channel (FAILED_PRECONDITION for a TCP
   // target without options.fd_channel).
@@ -161,6 +162,13 @@ class Client {
   // shm object this process holds; the server keeps its own copy).
   absl::StatusOr<v1::BufferInfo> RegisterFd(std::string name, int fd, uint64_t offset,
                                             uint64_t size) const;
+  // Registers [offset, offset + size) of a CUDA VMM allocation: `fd` is what
+  // cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+  // gave for it (the caller keeps and closes it), offset counts from the
+  // allocation's start, `device_uuid` is its GPU ("GPU-..."). The caller
+  // exports the handle; this client does not link the CUDA driver.
+  absl::StatusOr<v1::BufferInfo> RegisterCudaVmmFd(std::string name, int fd, uint64_t offset,
+                                                   uint64_t size, std::string device_uuid) const;
   // Where RegisterBuffer sends descriptors (empty: nowhere).
   const std::string& fd_channel_path() const { return fd_channel_path_; }
   absl::Status UnregisterBuffer(absl::string_view name) const;
