@@ -148,7 +148,10 @@ absl::Status Server::Init() {
   d.max_rank = kernels::kMaxRank;
   d.shm_prefix = options_.shm_prefix;
   d.memory_kinds = {"host_shm"};
-  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) d.memory_kinds.push_back("cuda_ipc");
+  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
+    d.memory_kinds.push_back("cuda_ipc");
+    if (memory::CudaVmmAvailable().ok()) d.memory_kinds.push_back("cuda_vmm");
+  }
 
   FrontEndOptions front;
   front.listen = options_.listen;

@@ -257,4 +257,6 @@ std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper() {
   return std::make_unique<CudaVmmMapper>(RealCudaVmmDriver());
 }
 
+absl::Status CudaVmmAvailable() { return RealCudaVmmDriver()->Available(); }
+
 }  // namespace tokensel::memory

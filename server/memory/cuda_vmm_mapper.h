@@ -92,6 +92,9 @@ class CudaVmmMapper final : public core::RegionMapper {
 // The mapper over the process's real driver (a build without CUDA: every
 // Inspect and Map answers FAILED_PRECONDITION).
 std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper();
+// Whether the real driver can map VMM memory here (GetServerInfo lists the
+// "cuda_vmm" memory kind only then).
+absl::Status CudaVmmAvailable();
 
 }  // namespace tokensel::memory
 

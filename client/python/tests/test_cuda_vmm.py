@@ -1,0 +1,160 @@
+"""How the client registers CUDA memory, with a fake driver (no GPU here):
+legacy IPC or a VMM descriptor as the driver says, the export's cleanup on
+every path, and the VMM registration through the fd channel of a real
+(CPU) server, which refuses it precisely."""
+import os
+
+import grpc
+import pytest
+
+import tokensel
+from tokensel import cuda_vmm
+
+UUID = "GPU-00000000-0000-0000-0000-00000000000a"
+MIB = 1 << 20
+
+
+class FakeDriver:
+    """The methods tokensel.cuda_vmm uses. One allocation [base, base + extent)
+    on device 0; counts retained handles and exported descriptors; fails the
+    call named in `fail`."""
+
+    def __init__(self, legacy=False, base=0x7f0000000000, extent=20 * MIB, fail=None):
+        self.legacy, self.base, self.extent, self.fail = legacy, base, extent, fail
+        self.retained = 0
+        self.exported = []
+        self.calls = []
+
+    def _enter(self, name):
+        self.calls.append(name)
+        if self.fail == name:
+            raise cuda_vmm.DriverError(name, 1)
+
+    def legacy_ipc_capable(self, address):
+        self._enter("legacy_ipc_capable")
+        return self.legacy
+
+    def device_ordinal(self, address):
+        self._enter("device_ordinal")
+        return 0
+
+    def device_uuid(self, ordinal):
+        self._enter("device_uuid")
+        return UUID
+
+    def retain_allocation_handle(self, address):
+        self._enter("retain")
+        self.retained += 1
+        return 42
+
+    def address_range(self, address):
+        self._enter("address_range")
+        return self.base, self.extent
+
+    def export_fd(self, handle):
+        self._enter("export_fd")
+        fd = os.memfd_create("fake-vmm", os.MFD_CLOEXEC)
+        self.exported.append(fd)
+        return fd
+
+    def release(self, handle):
+        assert handle == 42 and self.retained > 0
+        self.retained -= 1
+        self._enter("release")
+
+    def ipc_mem_handle(self, address):
+        self._enter("ipc_mem_handle")
+        return b"h" * 64
+
+
+def is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def test_plan_follows_the_legacy_ipc_attribute():
+    assert cuda_vmm.plan(FakeDriver(legacy=True), 0x1000) == cuda_vmm.LEGACY_IPC
+    assert cuda_vmm.plan(FakeDriver(legacy=False), 0x1000) == cuda_vmm.VMM
+
+
+def test_export_gives_the_offset_in_the_allocation_and_releases_the_handle():
+    drv = FakeDriver()
+    spec = cuda_vmm.export(drv, drv.base + 3 * MIB + 256, 4 * MIB)
+    try:
+        assert spec.offset == 3 * MIB + 256
+        assert spec.size == 4 * MIB
+        assert spec.device_uuid == UUID and spec.device == "cuda:0"
+        assert spec.fd == drv.exported[0] and is_open(spec.fd)
+        assert drv.retained == 0
+    finally:
+        os.close(spec.fd)
+    # Exactly up to the allocation's end is fine.
+    spec = cuda_vmm.export(drv, drv.base + MIB, drv.extent - MIB)
+    os.close(spec.fd)
+    assert drv.retained == 0
+
+
+@pytest.mark.parametrize("offset,size", [(19 * MIB, 2 * MIB), (0, 20 * MIB + 1), (-1, 16)])
+def test_memory_past_its_allocation_is_refused_before_anything_is_exported(offset, size):
+    drv = FakeDriver()
+    with pytest.raises(tokensel.CudaUnavailableError, match="more than one CUDA allocation"):
+        cuda_vmm.export(drv, drv.base + offset, size)
+    assert drv.exported == [] and drv.retained == 0
+
+
+@pytest.mark.parametrize("step", ["address_range", "export_fd", "release"])
+def test_a_failing_step_leaks_neither_handle_nor_descriptor(step):
+    drv = FakeDriver(fail=step)
+    with pytest.raises(cuda_vmm.DriverError, match=step):
+        cuda_vmm.export(drv, drv.base, MIB)
+    assert drv.retained == 0
+    assert all(not is_open(fd) for fd in drv.exported)
+    # The handle is released once, whichever step failed.
+    assert drv.calls.count("release") == 1
+
+
+def test_a_failing_query_retains_nothing():
+    for step in ("device_ordinal", "device_uuid", "retain"):
+        drv = FakeDriver(fail=step)
+        with pytest.raises(cuda_vmm.DriverError):
+            cuda_vmm.export(drv, drv.base, MIB)
+        assert drv.retained == 0 and drv.exported == []
+
+
+def test_no_driver_library_is_a_clean_error():
+    with pytest.raises(tokensel.CudaUnavailableError, match="CUDA driver"):
+        cuda_vmm.LibcudaDriver("libtokensel-no-such-driver.so.1")
+
+
+def test_a_server_without_the_kind_is_refused_before_any_export(client):
+    assert "cuda_vmm" not in client.server_info.memory_kinds  # the CPU test server
+    drv = FakeDriver()
+    with pytest.raises(tokensel.CudaUnavailableError, match="does not accept cuda_vmm"):
+        client.register_cuda_pointer(drv.base, MIB, driver=drv)
+    assert drv.exported == [] and drv.retained == 0
+    legacy = FakeDriver(legacy=True)
+    with pytest.raises(tokensel.CudaUnavailableError, match="does not accept cuda_ipc"):
+        client.register_cuda_pointer(legacy.base, MIB, driver=legacy)
+    assert "ipc_mem_handle" not in legacy.calls
+    assert client.list_buffers() == []
+
+
+def test_vmm_descriptors_go_over_the_fd_channel_and_are_refused_precisely(client):
+    # Make the client believe the server takes cuda_vmm: the descriptor and
+    # the registration then reach the server, which (no device, CPU backend)
+    # refuses the descriptor on arrival, naming why.
+    client.server_info.memory_kinds.append("cuda_vmm")
+    try:
+        drv = FakeDriver()
+        with pytest.raises(tokensel.FailedPreconditionError) as info:
+            client.register_cuda_pointer(drv.base + MIB, 2 * MIB, driver=drv)
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "cuda_vmm: " in info.value.message
+        assert drv.retained == 0
+        assert len(drv.exported) == 1 and not is_open(drv.exported[0])
+        assert client.list_buffers() == []
+    finally:
+        client.server_info.memory_kinds.remove("cuda_vmm")
