@@ -19,8 +19,10 @@ class FakeDriver:
     on device 0; counts retained handles and exported descriptors; fails the
     call named in `fail`."""
 
-    def __init__(self, legacy=False, base=0x7f0000000000, extent=20 * MIB, fail=None):
+    def __init__(self, legacy=False, base=0x7f0000000000, extent=20 * MIB, fail=None,
+                 posix_fd=True):
         self.legacy, self.base, self.extent, self.fail = legacy, base, extent, fail
+        self.posix_fd = posix_fd
         self.retained = 0
         self.exported = []
         self.calls = []
@@ -33,6 +35,10 @@ class FakeDriver:
     def legacy_ipc_capable(self, address):
         self._enter("legacy_ipc_capable")
         return self.legacy
+
+    def allows_posix_fd(self, address):
+        self._enter("allows_posix_fd")
+        return self.posix_fd
 
     def device_ordinal(self, address):
         self._enter("device_ordinal")
@@ -116,8 +122,15 @@ def test_a_failing_step_leaks_neither_handle_nor_descriptor(step):
     assert drv.calls.count("release") == 1
 
 
+def test_memory_that_cannot_be_exported_as_a_descriptor_is_refused_first():
+    drv = FakeDriver(posix_fd=False)
+    with pytest.raises(tokensel.CudaUnavailableError, match="POSIX file descriptor"):
+        cuda_vmm.export(drv, drv.base, MIB)
+    assert drv.calls == ["allows_posix_fd"]
+
+
 def test_a_failing_query_retains_nothing():
-    for step in ("device_ordinal", "device_uuid", "retain"):
+    for step in ("allows_posix_fd", "device_ordinal", "device_uuid", "retain"):
         drv = FakeDriver(fail=step)
         with pytest.raises(cuda_vmm.DriverError):
             cuda_vmm.export(drv, drv.base, MIB)

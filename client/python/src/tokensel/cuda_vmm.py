@@ -39,6 +39,7 @@ VmmSpec = collections.namedtuple(
 # cuda.h values (stable ABI).
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
+_CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14
 _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 
 
@@ -89,6 +90,10 @@ class LibcudaDriver:
 
     def legacy_ipc_capable(self, address):
         return bool(self._attribute(_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, address))
+
+    def allows_posix_fd(self, address):
+        return bool(self._attribute(_CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, address)
+                    & _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 
     def device_ordinal(self, address):
         return self._attribute(_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address)
@@ -162,6 +167,12 @@ def export(drv, address, size, device=None):
     handle is released on every path, the descriptor closed on every error."""
     if size <= 0:
         raise ValueError("size must be > 0, got %d" % size)
+    if not drv.allows_posix_fd(address):
+        raise CudaUnavailableError(
+            "the CUDA allocation at 0x%x is neither legacy-IPC capable nor exportable as a POSIX "
+            "file descriptor (it was allocated without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, "
+            "e.g. from cudaMallocAsync's default pool); pass it inline or allocate it from an "
+            "exportable pool" % address)
     ordinal = drv.device_ordinal(address)
     uuid = drv.device_uuid(ordinal)
     handle = drv.retain_allocation_handle(address)
