@@ -17,22 +17,13 @@
 #include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/memory/file_type.h"
 
 namespace tokensel::memory {
 namespace {
 
 using Result = CudaVmmDriver::Result;
 using Handle = CudaVmmDriver::Handle;
-
-absl::string_view FileType(mode_t mode) {
-  if (S_ISREG(mode)) return "regular file";
-  if (S_ISDIR(mode)) return "directory";
-  if (S_ISFIFO(mode)) return "pipe";
-  if (S_ISSOCK(mode)) return "socket";
-  if (S_ISBLK(mode)) return "block device";
-  if (S_ISLNK(mode)) return "symlink";
-  return "file of unknown type";
-}
 
 // The acquired parts of one mapping, released in reverse order by Undo():
 // the one cleanup of every error path and of the region's destructor.
@@ -116,7 +107,7 @@ absl::Status CheckVmmDescriptor(const struct stat& st, unsigned nvidia_major) {
   }
   if (!S_ISCHR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "fd: a ", FileType(st.st_mode),
+        "fd: a ", FileTypeName(st.st_mode),
         " is not a CUDA VMM descriptor (pass the descriptor of cuMemExportToShareableHandle)"));
   }
   if (major(st.st_rdev) != nvidia_major) {

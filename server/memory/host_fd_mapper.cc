@@ -18,6 +18,7 @@
 #include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/memory/file_type.h"
 #include "server/memory/sigbus_guard.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -64,16 +65,6 @@ class FdRegion final : public core::MappedRegion {
   SigbusGuard::Slot slot_;
 };
 
-absl::string_view FileType(mode_t mode) {
-  if (S_ISDIR(mode)) return "directory";
-  if (S_ISFIFO(mode)) return "pipe";
-  if (S_ISSOCK(mode)) return "socket";
-  if (S_ISCHR(mode)) return "character device";
-  if (S_ISBLK(mode)) return "block device";
-  if (S_ISLNK(mode)) return "symlink";
-  return "non-regular file";
-}
-
 struct Inspected {
   core::FdInfo info;
   uint64_t alignment = 0;  // of mmap offsets: the page size, or the huge page size
@@ -87,7 +78,7 @@ absl::StatusOr<Inspected> InspectFd(int fd) {
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("fd: a ", FileType(st.st_mode),
+        absl::StrCat("fd: a ", FileTypeName(st.st_mode),
                      " cannot be registered; pass a memfd or a POSIX shared-memory object"));
   }
   struct statfs fs;

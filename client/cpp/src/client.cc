@@ -211,12 +211,19 @@ absl::StatusOr<v1::BufferInfo> Client::RegisterBuffer(
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterFd(std::string name, int fd, uint64_t offset,
                                                   uint64_t size) const {
+  return RegisterLocalFd(std::move(name), fd, offset, size, std::string());
+}
+
+absl::StatusOr<v1::BufferInfo> Client::RegisterLocalFd(std::string name, int fd, uint64_t offset,
+                                                       uint64_t size,
+                                                       std::string device_uuid) const {
   v1::RegisterBufferRequest request;
   request.set_name(std::move(name));
   v1::PassedFd* passed = request.mutable_fd();
   passed->set_ticket(LocalFdTicket(fd));
   passed->set_offset(offset);
   passed->set_size(size);
+  passed->set_device_uuid(std::move(device_uuid));  // non-empty: FD_KIND_CUDA_VMM
   return RegisterBuffer(request);
 }
 
@@ -226,14 +233,7 @@ absl::StatusOr<v1::BufferInfo> Client::RegisterCudaVmmFd(std::string name, int f
   if (device_uuid.empty()) {
     return absl::InvalidArgumentError("device_uuid: a CUDA VMM registration names its GPU");
   }
-  v1::RegisterBufferRequest request;
-  request.set_name(std::move(name));
-  v1::PassedFd* passed = request.mutable_fd();
-  passed->set_ticket(LocalFdTicket(fd));
-  passed->set_offset(offset);
-  passed->set_size(size);
-  passed->set_device_uuid(std::move(device_uuid));
-  return RegisterBuffer(request);
+  return RegisterLocalFd(std::move(name), fd, offset, size, std::move(device_uuid));
 }
 
 absl::Status Client::UnregisterBuffer(absl::string_view name) const {

@@ -28,12 +28,14 @@
 #include "gtest/gtest.h"
 #include "server/memory/cuda_vmm_mapper.h"
 #include "tests/testing/gpu_device.h"
+#include "tests/testing/scm_rights.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::memory {
 namespace {
 
 using ::absl::StatusCode;
+using ::tokensel::testing::RecvWithFd;
 using ::tokensel::testing::StatusIs;
 
 constexpr int kSocketFd = 3;  // as cuda_vmm_exporter.cc
@@ -54,19 +56,9 @@ class Exporter {
     }
     close(sv[1]);
     socket_ = sv[0];
-    char text[256] = {};
-    iovec iov{text, sizeof(text) - 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    if (recvmsg(socket_, &msg, MSG_CMSG_CLOEXEC) <= 0) return false;
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) return false;
+    std::string text;
     int fd = -1;
-    std::memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
+    if (!RecvWithFd(socket_, &text, &fd)) return false;
     fd_ = std::make_shared<const UniqueFd>(fd);
     std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar(" \n"));
     return parts.size() >= 3 && !parts[0].empty() && (uuid_ = parts[0], true) &&

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_uuid.h"
+#include "tests/testing/scm_rights.h"
 
 namespace {
 
@@ -105,21 +106,9 @@ int main() {
   }
   cudaDeviceProp dev{};
   if (!Ok(cudaGetDeviceProperties(&dev, 0), "cudaGetDeviceProperties")) return 1;
-  std::string line =
+  const std::string line =
       absl::StrCat(tokensel::FormatGpuUuid(dev.uuid.bytes), " ", bytes, " ", granularity, "\n");
-  iovec iov{line.data(), line.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  cmsg->cmsg_level = SOL_SOCKET;
-  cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-  if (sendmsg(kSocketFd, &msg, 0) != static_cast<ssize_t>(line.size())) {
+  if (!tokensel::testing::SendWithFd(kSocketFd, line, fd)) {
     std::perror("cuda_vmm_exporter: sendmsg");
     return 1;
   }

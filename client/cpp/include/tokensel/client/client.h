@@ -196,6 +196,9 @@ class Client {
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string target);
+  // RegisterFd (empty device_uuid) and RegisterCudaVmmFd.
+  absl::StatusOr<v1::BufferInfo> RegisterLocalFd(std::string name, int fd, uint64_t offset,
+                                                 uint64_t size, std::string device_uuid) const;
   template <typename Req, typename Resp>
   absl::StatusOr<Resp> Unary(grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*,
                                                                            const Req&, Resp*),
