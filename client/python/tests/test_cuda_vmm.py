@@ -23,6 +23,7 @@ class FakeDriver:
                  posix_fd=True):
         self.legacy, self.base, self.extent, self.fail = legacy, base, extent, fail
         self.posix_fd = posix_fd
+        self.range_extent = None
         self.retained = 0
         self.exported = []
         self.calls = []
@@ -51,11 +52,13 @@ class FakeDriver:
     def retain_allocation_handle(self, address):
         self._enter("retain")
         self.retained += 1
-        return 42
+        # 42 backs [base, base + extent); the reported range may be wider
+        # (`range_extent`), as a reservation holding several allocations is.
+        return 42 if self.base <= address < self.base + self.extent else 43
 
     def address_range(self, address):
         self._enter("address_range")
-        return self.base, self.extent
+        return self.base, self.range_extent or self.extent
 
     def export_fd(self, handle):
         self._enter("export_fd")
@@ -64,7 +67,7 @@ class FakeDriver:
         return fd
 
     def release(self, handle):
-        assert handle == 42 and self.retained > 0
+        assert handle in (42, 43) and self.retained > 0
         self.retained -= 1
         self._enter("release")
 
@@ -118,8 +121,8 @@ def test_a_failing_step_leaks_neither_handle_nor_descriptor(step):
         cuda_vmm.export(drv, drv.base, MIB)
     assert drv.retained == 0
     assert all(not is_open(fd) for fd in drv.exported)
-    # The handle is released once, whichever step failed.
-    assert drv.calls.count("release") == 1
+    # Every retained handle is released once, whichever step failed.
+    assert drv.calls.count("release") == drv.calls.count("retain")
 
 
 def test_memory_that_cannot_be_exported_as_a_descriptor_is_refused_first():
@@ -127,6 +130,14 @@ def test_memory_that_cannot_be_exported_as_a_descriptor_is_refused_first():
     with pytest.raises(tokensel.CudaUnavailableError, match="POSIX file descriptor"):
         cuda_vmm.export(drv, drv.base, MIB)
     assert drv.calls == ["allows_posix_fd"]
+
+
+def test_a_reported_range_wider_than_the_allocation_is_refused():
+    drv = FakeDriver()
+    drv.range_extent = 2 * drv.extent  # e.g. the whole reservation of expandable segments
+    with pytest.raises(tokensel.CudaUnavailableError, match="is not one CUDA allocation"):
+        cuda_vmm.export(drv, drv.base + MIB, MIB)
+    assert drv.exported == [] and drv.retained == 0
 
 
 def test_a_failing_query_retains_nothing():

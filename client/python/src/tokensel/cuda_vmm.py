@@ -185,6 +185,18 @@ def export(drv, address, size, device=None):
                 "the memory [0x%x, +%d) spans more than one CUDA allocation (the one holding "
                 "it is [0x%x, +%d)); a buffer is one allocation: register a smaller tensor, or "
                 "allocate it without expandable_segments" % (address, size, base, extent))
+        # The range must be this one allocation, whatever cuMemGetAddressRange
+        # reports for VMM mappings: the handle backing its first and last byte
+        # is the one backing `address` (the driver returns the very handle the
+        # memory was mapped with).
+        for probe in (base, base + extent - 1):
+            other = drv.retain_allocation_handle(probe)
+            drv.release(other)
+            if other != handle:
+                raise CudaUnavailableError(
+                    "the address range [0x%x, +%d) the driver reports for 0x%x is not one CUDA "
+                    "allocation; this memory cannot be registered by descriptor"
+                    % (base, extent, address))
         fd = drv.export_fd(handle)
     except BaseException:
         if fd >= 0:
