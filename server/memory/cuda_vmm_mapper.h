@@ -1,7 +1,7 @@
-// CudaVmmMapper: maps CUDA VMM memory (cuMemCreate, cudaMallocAsync pools,
-// PyTorch expandable_segments) that a co-located client handed over as a
-// POSIX file descriptor on the fd channel (RegionSpec = core::FdRegionSpec of
-// kind kCudaVmm). Such memory cannot be exported with cudaIpcGetMemHandle.
+// CudaVmmMapper: maps CUDA VMM memory (cuMemCreate, PyTorch
+// expandable_segments; the client refuses cudaMallocAsync pool memory) that a co-located client
+// handed over as a POSIX file descriptor on the fd channel (RegionSpec = core::FdRegionSpec of kind
+// kCudaVmm). Such memory cannot be exported with cudaIpcGetMemHandle.
 //
 // The client exports the physical allocation behind its tensor with
 // cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) and

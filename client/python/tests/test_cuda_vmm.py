@@ -20,9 +20,9 @@ class FakeDriver:
     call named in `fail`."""
 
     def __init__(self, legacy=False, base=0x7f0000000000, extent=20 * MIB, fail=None,
-                 posix_fd=True):
+                 posix_fd=True, pool=0):
         self.legacy, self.base, self.extent, self.fail = legacy, base, extent, fail
-        self.posix_fd = posix_fd
+        self.posix_fd, self.pool = posix_fd, pool
         self.range_extent = None
         self.retained = 0
         self.exported = []
@@ -44,6 +44,10 @@ class FakeDriver:
     def device_ordinal(self, address):
         self._enter("device_ordinal")
         return 0
+
+    def mempool(self, address):
+        self._enter("mempool")
+        return self.pool
 
     def device_uuid(self, ordinal):
         self._enter("device_uuid")
@@ -129,7 +133,19 @@ def test_memory_that_cannot_be_exported_as_a_descriptor_is_refused_first():
     drv = FakeDriver(posix_fd=False)
     with pytest.raises(tokensel.CudaUnavailableError, match="POSIX file descriptor"):
         cuda_vmm.export(drv, drv.base, MIB)
-    assert drv.calls == ["allows_posix_fd"]
+    assert drv.calls == ["mempool", "allows_posix_fd"]
+
+
+@pytest.mark.parametrize("posix_fd", [True, False])
+def test_pool_memory_is_refused_before_any_handle_is_retained(posix_fd):
+    # cuMemRetainAllocationHandle on cudaMallocAsync memory may give the
+    # pool's chunk while the address range is the sub-allocation: the offset
+    # would be wrong, so pool memory is refused even when exportable.
+    drv = FakeDriver(pool=0x5000, posix_fd=posix_fd)
+    with pytest.raises(tokensel.CudaUnavailableError, match="memory pool.*cuMemPoolExportPointer"):
+        cuda_vmm.export(drv, drv.base, MIB)
+    assert drv.calls == ["mempool"]
+    assert drv.exported == [] and drv.retained == 0
 
 
 def test_a_reported_range_wider_than_the_allocation_is_refused():
@@ -141,7 +157,7 @@ def test_a_reported_range_wider_than_the_allocation_is_refused():
 
 
 def test_a_failing_query_retains_nothing():
-    for step in ("allows_posix_fd", "device_ordinal", "device_uuid", "retain"):
+    for step in ("mempool", "allows_posix_fd", "device_ordinal", "device_uuid", "retain"):
         drv = FakeDriver(fail=step)
         with pytest.raises(cuda_vmm.DriverError):
             cuda_vmm.export(drv, drv.base, MIB)

@@ -274,9 +274,10 @@ class Client:
     def register_cuda(self, tensor, *, name=None, driver=None):
         """Registers the memory of a CUDA torch tensor's storage. Memory
         cudaIpcGetMemHandle can export goes by CUDA IPC (handle of its
-        allocation's base + offset); VMM memory (cuMemCreate, cudaMallocAsync
-        pools, PyTorch's expandable_segments) by descriptor on the fd channel
-        (tokensel.cuda_vmm). The driver decides which
+        allocation's base + offset); VMM memory (cuMemCreate, PyTorch's
+        expandable_segments) by descriptor on the fd channel
+        (tokensel.cuda_vmm). Stream-ordered pool memory (cudaMallocAsync)
+        is refused with CudaUnavailableError (pool IPC is not implemented). The driver decides which
         (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE). Raises
         CudaUnavailableError without a driver, a device, cuda-bindings (IPC
         path) or a server accepting the kind. Returns a CudaBuffer (a context

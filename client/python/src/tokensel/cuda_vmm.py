@@ -1,5 +1,13 @@
 """CUDA memory the legacy IPC path cannot export: VMM allocations (cuMemCreate,
-cudaMallocAsync pools, PyTorch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+PyTorch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+
+Stream-ordered pool memory (cudaMallocAsync, cuMemAllocFromPoolAsync) is
+refused (CudaUnavailableError naming the reason): cuMemRetainAllocationHandle
+is documented only for memory the caller mapped with cuMemMap; on pool memory
+it may give the pool's chunk while cuMemGetAddressRange gives the
+sub-allocation, so the offset would be measured from the wrong base and the
+server would map another tensor. Pool memory would need pool IPC
+(cuMemPoolExportToShareableHandle + cuMemPoolExportPointer), not implemented.
 
 `Client.register_cuda` asks the driver whether the memory is legacy-IPC capable
 (cuPointerGetAttribute CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE); when
@@ -40,6 +48,7 @@ VmmSpec = collections.namedtuple(
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
 _CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14
+_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
 _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 
 
@@ -97,6 +106,10 @@ class LibcudaDriver:
 
     def device_ordinal(self, address):
         return self._attribute(_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address)
+
+    def mempool(self, address):
+        """The CUmemoryPool the memory was allocated from; 0 when none."""
+        return self._attribute(_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, address)
 
     def device_uuid(self, ordinal):
         device = ctypes.c_int(0)
@@ -167,12 +180,21 @@ def export(drv, address, size, device=None):
     handle is released on every path, the descriptor closed on every error."""
     if size <= 0:
         raise ValueError("size must be > 0, got %d" % size)
+    if drv.mempool(address):
+        # First: cuMemRetainAllocationHandle is documented for cuMemMap'ed
+        # ranges only; on pool memory handle and address range may disagree
+        # (pool chunk vs sub-allocation) and the offset would be wrong.
+        raise CudaUnavailableError(
+            "the CUDA memory at 0x%x comes from a stream-ordered memory pool (cudaMallocAsync / "
+            "cuMemAllocFromPoolAsync); pool memory cannot be registered by descriptor (that needs "
+            "pool IPC, cuMemPoolExportPointer, which is not implemented): pass it inline, or "
+            "allocate it with cudaMalloc or cuMemCreate (PyTorch: the native allocator, with or "
+            "without expandable_segments)" % address)
     if not drv.allows_posix_fd(address):
         raise CudaUnavailableError(
             "the CUDA allocation at 0x%x is neither legacy-IPC capable nor exportable as a POSIX "
-            "file descriptor (it was allocated without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, "
-            "e.g. from cudaMallocAsync's default pool); pass it inline or allocate it from an "
-            "exportable pool" % address)
+            "file descriptor (it was allocated without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); "
+            "pass it inline or allocate it with that handle type" % address)
     ordinal = drv.device_ordinal(address)
     uuid = drv.device_uuid(ordinal)
     handle = drv.retain_allocation_handle(address)
