@@ -2,6 +2,7 @@
 legacy IPC or a VMM descriptor as the driver says, the export's cleanup on
 every path, and the VMM registration through the fd channel of a real
 (CPU) server, which refuses it precisely."""
+import ctypes
 import os
 
 import grpc
@@ -198,3 +199,60 @@ def test_vmm_descriptors_go_over_the_fd_channel_and_are_refused_precisely(client
         assert client.list_buffers() == []
     finally:
         client.server_info.memory_kinds.remove("cuda_vmm")
+
+
+class FakeLibcuda:
+    """Stands in for the ctypes CDLL of libcuda.so.1: each function records
+    its call and answers through the ctypes objects it was passed (byref
+    arguments expose them as `_obj`), so LibcudaDriver's argument types are
+    checked without a driver. Functions in `missing` do not exist."""
+
+    def __init__(self, answers=None, missing=()):
+        self.answers = answers or {}
+        self.missing = set(missing)
+        self.calls = []
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in self.missing:
+            raise AttributeError(name)
+        lib = self
+
+        class Fn:
+            restype = None
+
+            def __call__(self, *args):
+                lib.calls.append(name)
+                answer = lib.answers.get(name)
+                return answer(*args) if answer else 0
+
+        return Fn()
+
+
+def libcuda_driver(fake):
+    drv = cuda_vmm.LibcudaDriver.__new__(cuda_vmm.LibcudaDriver)
+    drv._cuda = fake
+    return drv
+
+
+def test_pointer_attributes_are_read_into_a_zeroed_64_bit_word():
+    pool = 0x7f00_1234_5678
+    seen = []
+
+    def get_attribute(out, attribute, address):
+        seen.append(type(out._obj))
+        assert out._obj.value == 0  # zeroed: a narrower answer leaves no garbage
+        out._obj.value = {17: pool, 9: 3, 10: 1, 14: 1}[attribute.value]
+        return 0
+
+    drv = libcuda_driver(FakeLibcuda({"cuPointerGetAttribute": get_attribute}))
+    assert drv.mempool(0x1000) == pool
+    assert drv.device_ordinal(0x1000) == 3
+    assert drv.legacy_ipc_capable(0x1000) and drv.allows_posix_fd(0x1000)
+    assert seen == [ctypes.c_uint64] * 4
+
+
+def test_address_range_has_no_32_bit_fallback():
+    fake = FakeLibcuda(missing=["cuMemGetAddressRange_v2"])
+    with pytest.raises(tokensel.CudaUnavailableError, match="lacks cuMemGetAddressRange_v2"):
+        libcuda_driver(fake).address_range(0x7f0000000000)
+    assert fake.calls == []  # the 32-bit cuMemGetAddressRange was not called

@@ -92,7 +92,11 @@ class LibcudaDriver:
             raise DriverError(name, result)
 
     def _attribute(self, attribute, address):
-        value = ctypes.c_int(0)  # zeroed: a one-byte bool answer still reads right
+        # Every answer is read into a zeroed 64-bit word: the widest attribute
+        # used (a pool handle) is pointer-sized, and a narrower one (a bool,
+        # an int ordinal, a bitmask) fills the low bytes and leaves the rest 0
+        # (little-endian). A 4-byte buffer would be overrun by a pointer answer.
+        value = ctypes.c_uint64(0)
         self._call("cuPointerGetAttribute", ctypes.byref(value), ctypes.c_int(attribute),
                    ctypes.c_uint64(address))
         return value.value
@@ -105,7 +109,7 @@ class LibcudaDriver:
                     & _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 
     def device_ordinal(self, address):
-        return self._attribute(_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address)
+        return ctypes.c_int32(self._attribute(_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address)).value
 
     def mempool(self, address):
         """The CUmemoryPool the memory was allocated from; 0 when none."""
@@ -125,9 +129,12 @@ class LibcudaDriver:
         return handle.value
 
     def address_range(self, address):
+        # _v2 only: the unsuffixed symbol is the 32-bit interface
+        # (CUdeviceptr_v1, unsigned int), which would write 4-byte answers
+        # and truncate the 64-bit address; no fallback to it.
         base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
         self._call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size),
-                   ctypes.c_uint64(address), fallback=("cuMemGetAddressRange",))
+                   ctypes.c_uint64(address))
         return base.value, size.value
 
     def export_fd(self, handle):
