@@ -2,6 +2,7 @@
 legacy IPC or a VMM descriptor as the driver says, the export's cleanup on
 every path, and the VMM registration through the fd channel of a real
 (CPU) server, which refuses it precisely."""
+import contextlib
 import ctypes
 import os
 
@@ -49,6 +50,15 @@ class FakeDriver:
     def mempool(self, address):
         self._enter("mempool")
         return self.pool
+
+    @contextlib.contextmanager
+    def context(self, ordinal):
+        assert ordinal == 0
+        self._enter("push")
+        try:
+            yield
+        finally:
+            self._enter("pop")
 
     def device_uuid(self, ordinal):
         self._enter("device_uuid")
@@ -256,3 +266,49 @@ def test_address_range_has_no_32_bit_fallback():
     with pytest.raises(tokensel.CudaUnavailableError, match="lacks cuMemGetAddressRange_v2"):
         libcuda_driver(fake).address_range(0x7f0000000000)
     assert fake.calls == []  # the 32-bit cuMemGetAddressRange was not called
+
+
+def test_the_calls_that_need_a_context_run_inside_the_devices_context():
+    drv = FakeDriver()
+    spec = cuda_vmm.export(drv, drv.base + MIB, MIB)
+    os.close(spec.fd)
+    inside = drv.calls[drv.calls.index("push") + 1:drv.calls.index("pop")]
+    assert drv.calls[:drv.calls.index("push")] == [
+        "mempool", "allows_posix_fd", "device_ordinal", "device_uuid"]
+    assert drv.calls[drv.calls.index("pop") + 1:] == []
+    assert inside[0] == "retain" and "address_range" in inside and "export_fd" in inside
+    assert inside[-1] == "release" and drv.calls.count("push") == 1
+
+    legacy = FakeDriver(legacy=True)
+    cuda_vmm.export_legacy(legacy, legacy.base + MIB, MIB)
+    assert legacy.calls == ["device_ordinal", "push", "address_range", "ipc_mem_handle", "pop",
+                            "device_uuid"]
+
+
+def test_a_failing_pop_closes_the_exported_descriptor():
+    drv = FakeDriver(fail="pop")
+    with pytest.raises(cuda_vmm.DriverError, match="pop"):
+        cuda_vmm.export(drv, drv.base, MIB)
+    assert drv.retained == 0 and len(drv.exported) == 1 and not is_open(drv.exported[0])
+
+
+@pytest.mark.parametrize("fail", [None, "cuCtxPushCurrent_v2", "inside"])
+def test_libcuda_context_pushes_the_primary_context_and_always_releases_it(fail):
+    answers = {}
+    if fail == "cuCtxPushCurrent_v2":
+        answers[fail] = lambda *args: 201
+    fake = FakeLibcuda(answers)
+    drv = libcuda_driver(fake)
+    try:
+        with drv.context(0):
+            fake.calls.append("body")
+            if fail == "inside":
+                raise cuda_vmm.DriverError("body", 1)
+    except cuda_vmm.DriverError:
+        assert fail is not None
+    if fail == "cuCtxPushCurrent_v2":
+        assert fake.calls == ["cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent_v2",
+                              "cuDevicePrimaryCtxRelease_v2"]
+    else:
+        assert fake.calls == ["cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent_v2",
+                              "body", "cuCtxPopCurrent_v2", "cuDevicePrimaryCtxRelease_v2"]

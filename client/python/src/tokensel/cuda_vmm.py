@@ -28,11 +28,19 @@ physical chunks, and the server maps one allocation per buffer, so such a
 tensor raises CudaUnavailableError (register a smaller one, or allocate it
 without expandable segments).
 
+cuMemGetAddressRange, cuIpcGetMemHandle (and the handle calls) need a
+current context: from a thread where torch has not touched CUDA they fail
+with CUDA_ERROR_INVALID_CONTEXT (201). The calls after the pointer's device
+is known therefore run inside `drv.context(ordinal)`, which retains that
+device's primary context (the one the runtime and torch use), pushes it,
+and pops and releases it on every path.
+
 The driver is reached with ctypes on libcuda.so.1 (LibcudaDriver), behind the
 few methods `plan`/`export` use, so the decision and the export's cleanup are
 tested with a fake driver and no GPU.
 """
 import collections
+import contextlib
 import ctypes
 import os
 
@@ -115,6 +123,26 @@ class LibcudaDriver:
         """The CUmemoryPool the memory was allocated from; 0 when none."""
         return self._attribute(_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, address)
 
+    @contextlib.contextmanager
+    def context(self, ordinal):
+        """Makes device `ordinal`'s primary context current for the block:
+        cuDevicePrimaryCtxRetain + cuCtxPushCurrent, then cuCtxPopCurrent +
+        cuDevicePrimaryCtxRelease on every path (the release also when the
+        push fails)."""
+        device = ctypes.c_int(0)
+        self._call("cuDeviceGet", ctypes.byref(device), ctypes.c_int(ordinal))
+        ctx = ctypes.c_void_p(0)
+        self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), device)
+        try:
+            self._call("cuCtxPushCurrent_v2", ctx)
+            try:
+                yield
+            finally:
+                popped = ctypes.c_void_p(0)
+                self._call("cuCtxPopCurrent_v2", ctypes.byref(popped))
+        finally:
+            self._call("cuDevicePrimaryCtxRelease_v2", device)
+
     def device_uuid(self, ordinal):
         device = ctypes.c_int(0)
         self._call("cuDeviceGet", ctypes.byref(device), ctypes.c_int(ordinal))
@@ -174,8 +202,10 @@ def export_legacy(drv, address, size, device=None):
     the IPC handle of its allocation's base and the offset from it."""
     from tokensel.cuda_ipc import CudaSpec
     ordinal = drv.device_ordinal(address)
-    base, _ = drv.address_range(address)
-    return CudaSpec(handle=drv.ipc_mem_handle(base), device_uuid=drv.device_uuid(ordinal),
+    with drv.context(ordinal):
+        base, _ = drv.address_range(address)
+        handle = drv.ipc_mem_handle(base)
+    return CudaSpec(handle=handle, device_uuid=drv.device_uuid(ordinal),
                     offset=address - base, size=size, address=address,
                     device=device if device is not None else "cuda:%d" % ordinal)
 
@@ -204,6 +234,20 @@ def export(drv, address, size, device=None):
             "pass it inline or allocate it with that handle type" % address)
     ordinal = drv.device_ordinal(address)
     uuid = drv.device_uuid(ordinal)
+    fd = -1
+    try:
+        with drv.context(ordinal):  # the calls below need a current context
+            fd, offset = _export_in_context(drv, address, size)
+    except BaseException:
+        if fd >= 0:  # the context's pop or release failed after the export
+            os.close(fd)
+        raise
+    return VmmSpec(fd=fd, device_uuid=uuid, offset=offset, size=size, address=address,
+                   device=device if device is not None else "cuda:%d" % ordinal)
+
+
+def _export_in_context(drv, address, size):
+    """export()'s steps that need the device's context: (descriptor, offset)."""
     handle = drv.retain_allocation_handle(address)
     fd = -1
     try:
@@ -237,5 +281,4 @@ def export(drv, address, size, device=None):
     except BaseException:
         os.close(fd)
         raise
-    return VmmSpec(fd=fd, device_uuid=uuid, offset=offset, size=size, address=address,
-                   device=device if device is not None else "cuda:%d" % ordinal)
+    return fd, offset
