@@ -86,14 +86,16 @@ class RealDriver final : public CudaVmmDriver {
       return r;
     });
   }
-  Result Granularity(int device, uint64_t* bytes) override {
+  Result Granularity(int device, Handle handle, uint64_t* bytes) override {
     return OnDevice(device, [&] {
+      // The allocation's own properties: a made-up prop (pinned, POSIX fd,
+      // this device) could differ from what the exporter created (other
+      // handle types, compression, ...) and so give another granule.
       CUmemAllocationProp prop{};
-      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-      prop.location = DeviceLocation(device);
+      CUresult r = properties_(&prop, handle);
+      if (r != CUDA_SUCCESS) return r;
       size_t g = 0;
-      const CUresult r = granularity_(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      r = granularity_(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       *bytes = g;
       return r;
     });

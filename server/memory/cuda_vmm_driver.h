@@ -62,8 +62,10 @@ class CudaVmmDriver {
   virtual Result Import(int device, int fd, Handle* handle) = 0;
   // cuMemGetAllocationPropertiesFromHandle: the allocation's location.
   virtual Result Location(int device, Handle handle, VmmLocation* location) = 0;
-  // cuMemGetAllocationGranularity(MINIMUM) of pinned memory on `device`.
-  virtual Result Granularity(int device, uint64_t* bytes) = 0;
+  // cuMemGetAllocationGranularity(MINIMUM) for the imported allocation's
+  // own properties (cuMemGetAllocationPropertiesFromHandle of `handle`), not
+  // made-up ones: its handle types, location and flags decide the granule.
+  virtual Result Granularity(int device, Handle handle, uint64_t* bytes) = 0;
   // cuMemAddressReserve(size, alignment).
   virtual Result Reserve(int device, uint64_t size, uint64_t alignment, uint64_t* va) = 0;
   // cuMemMap(va, size, offset 0, handle).

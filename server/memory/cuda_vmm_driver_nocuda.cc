@@ -20,7 +20,7 @@ class NoCudaDriver final : public CudaVmmDriver {
   absl::StatusOr<std::vector<VmmDevice>> Devices() override { return Available(); }
   Result Import(int, int, Handle*) override { return kNotSupported; }
   Result Location(int, Handle, VmmLocation*) override { return kNotSupported; }
-  Result Granularity(int, uint64_t*) override { return kNotSupported; }
+  Result Granularity(int, Handle, uint64_t*) override { return kNotSupported; }
   Result Reserve(int, uint64_t, uint64_t, uint64_t*) override { return kNotSupported; }
   Result Map(int, uint64_t, uint64_t, Handle) override { return kNotSupported; }
   Result SetAccess(int, uint64_t, uint64_t) override { return kNotSupported; }

@@ -210,7 +210,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   }
 
   uint64_t granularity = 0;
-  if (Result r = driver_->Granularity(ordinal, &granularity); r != CudaVmmDriver::kSuccess) {
+  if (Result r = driver_->Granularity(ordinal, m.handle, &granularity);
+      r != CudaVmmDriver::kSuccess) {
     return DriverError(driver_, "cuMemGetAllocationGranularity", r);
   }
   if (granularity == 0) granularity = 1;

@@ -13,7 +13,8 @@
 //     number devices differently in client and server), else
 //     FAILED_PRECONDITION naming both; a client cannot make the server map
 //     memory on a device other than the one the region claims
-//   cuMemGetAllocationGranularity (minimum) -> g
+//   cuMemGetAllocationGranularity (minimum, for the allocation's own
+//     properties from its handle) -> g
 //   cuMemAddressReserve(len = AlignUp(offset + size, g))
 //   cuMemMap(va, len, handle offset 0)   (the driver takes only offset 0)
 //   cuMemSetAccess(va, len, read-write on that device)

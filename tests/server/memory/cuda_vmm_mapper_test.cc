@@ -37,6 +37,7 @@ using ::tokensel::testing::StatusIs;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kGranularity = 2 * kMiB;
+constexpr uint64_t kMinGranule = 4096;  // what Reserve takes (the smallest granule)
 const char kGpu0[] = "GPU-00000000-0000-0000-0000-00000000000a";
 const char kGpu1[] = "GPU-00000000-0000-0000-0000-00000000000b";
 
@@ -45,6 +46,7 @@ class FakeDriver final : public CudaVmmDriver {
   struct Allocation {
     uint64_t size = 0;
     VmmLocation location;
+    uint64_t granularity = 0;  // its own granule; 0: the driver's `granularity`
   };
   enum Step { kNone, kImport, kLocation, kGetGranularity, kReserve, kMap, kSetAccess };
 
@@ -69,16 +71,21 @@ class FakeDriver final : public CudaVmmDriver {
     *location = handles[handle].location;
     return kSuccess;
   }
-  Result Granularity(int, uint64_t* bytes) override {
+  Result Granularity(int, Handle handle, uint64_t* bytes) override {
     calls.push_back("granularity");
     if (Fail(kGetGranularity)) return fail_result;
-    *bytes = granularity;
+    auto h = handles.find(handle);  // from the allocation's own properties
+    if (h == handles.end()) return kInvalidHandle;
+    *bytes = Granule(h->second);
     return kSuccess;
+  }
+  uint64_t Granule(const Allocation& a) const {
+    return a.granularity != 0 ? a.granularity : granularity;
   }
   Result Reserve(int, uint64_t size, uint64_t alignment, uint64_t* va) override {
     calls.push_back("reserve");
     if (Fail(kReserve)) return fail_result;
-    if (size == 0 || size % granularity != 0 || alignment % granularity != 0) return kInvalidValue;
+    if (size == 0 || size % kMinGranule != 0 || alignment % kMinGranule != 0) return kInvalidValue;
     *va = next_va;
     next_va += size + granularity;  // a gap, so ranges never touch
     reserved[*va] = size;
@@ -91,7 +98,7 @@ class FakeDriver final : public CudaVmmDriver {
     auto h = handles.find(handle);
     if (r == reserved.end() || h == handles.end() || size > r->second) return kInvalidValue;
     // The driver's rules: whole granules, inside the allocation, offset 0.
-    if (size % granularity != 0 || size > h->second.size) return kInvalidValue;
+    if (size % Granule(h->second) != 0 || size > h->second.size) return kInvalidValue;
     if (mapped.count(va) != 0) return kInvalidValue;
     mapped[va] = {size, device};
     return kSuccess;
@@ -206,6 +213,21 @@ TEST_F(CudaVmmMapperTest, MapsFromOffsetZeroInWholeGranulesOnTheNamedDevice) {
   // Destroying the region gives back everything, in reverse order.
   EXPECT_TRUE(driver_.Clean());
   EXPECT_THAT(driver_.calls, ::testing::ElementsAre("unmap", "free", "release"));
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
+// The granule is the imported allocation's own (its properties from the
+// handle), not one made up for the device: an allocation of 8 MiB granules
+// on a device whose default is 2 MiB maps in 8 MiB granules.
+TEST_F(CudaVmmMapperTest, TheGranuleIsTheAllocationsOwn) {
+  core::FdRegionSpec spec = Allocation(16 * kMiB, 0, kMiB, kMiB, kGpu0);
+  driver_.allocations[spec.fd->get()].granularity = 8 * kMiB;
+  auto region = mapper_.Map(spec);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_EQ(driver_.mapped.size(), 1u);
+  EXPECT_EQ(driver_.mapped.begin()->second.first, 8 * kMiB);
+  region->reset();
+  EXPECT_TRUE(driver_.Clean());
   EXPECT_EQ(driver_.bad_calls, 0);
 }
 
