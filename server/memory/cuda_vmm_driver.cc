@@ -3,9 +3,10 @@
 // Every driver function is looked up once with cudaGetDriverEntryPointByVersion
 // (the runtime is linked statically; libcuda is loaded by the runtime at run
 // time), so the server has no link-time dependency on libcuda and starts
-// without a driver. Each call runs with its device current (cudaSetDevice,
-// which also makes the device's primary context current, the context the
-// backend's kernels run in), and restores the caller's device.
+// without a driver. Each call runs with its device current (RunOnDevice,
+// cuda_vmm_device_scope.h: cudaSetDevice, which also makes the device's
+// primary context current, the context the backend's kernels run in), and
+// restores the caller's device only if the caller had a current context.
 #include "server/memory/cuda_vmm_driver.h"
 
 #include <cuda.h>
@@ -21,6 +22,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/device.h"
+#include "server/memory/cuda_vmm_device_scope.h"
 
 namespace tokensel::memory {
 namespace {
@@ -155,7 +157,9 @@ class RealDriver final : public CudaVmmDriver {
     for (const auto& d : *devices) devices_.push_back({d.ordinal, d.uuid, d.total_memory_bytes});
     std::string missing;
     Resolve("cuGetErrorName", 6000, &error_name_, &missing);
-    missing.clear();  // optional: ErrorName falls back to the number
+    Resolve("cuCtxGetCurrent", 4000, &ctx_get_current_, &missing);
+    missing.clear();  // optional: ErrorName falls back to the number; no
+                      // cuCtxGetCurrent means "no context": nothing restored
     Resolve("cuMemImportFromShareableHandle", 10020, &import_, &missing);
     Resolve("cuMemGetAllocationPropertiesFromHandle", 10020, &properties_, &missing);
     Resolve("cuMemGetAllocationGranularity", 10020, &granularity_, &missing);
@@ -171,30 +175,42 @@ class RealDriver final : public CudaVmmDriver {
     }
   }
 
-  // Runs `f` with `device` current; restores the caller's device.
+  // The runtime's side of RunOnDevice.
+  class Ops final : public DeviceSwitchOps {
+   public:
+    explicit Ops(PFN_cuCtxGetCurrent_v4000 get_current) : get_current_(get_current) {}
+    bool HasCurrentContext() override {
+      CUcontext ctx = nullptr;
+      return get_current_ != nullptr && get_current_(&ctx) == CUDA_SUCCESS && ctx != nullptr;
+    }
+    bool GetDevice(int* device) override { return Ok(cudaGetDevice(device)); }
+    bool SetDevice(int device) override { return Ok(cudaSetDevice(device)); }
+    void RestoreFailed(int device) override {
+      TS_LOG(ERROR) << "cudaSetDevice(" << device << ") after a cuda_vmm call failed";
+    }
+
+   private:
+    static bool Ok(cudaError_t err) {
+      if (err == cudaSuccess) return true;
+      cudaGetLastError();
+      return false;
+    }
+    PFN_cuCtxGetCurrent_v4000 get_current_;
+  };
+
+  // Runs `f` with `device` current (see cuda_vmm_device_scope.h).
   template <typename F>
   Result OnDevice(int device, F f) {
-    int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) {
-      cudaGetLastError();
-      previous = -1;
-    }
-    if (cudaSetDevice(device) != cudaSuccess) {
-      cudaGetLastError();
-      return CUDA_ERROR_INVALID_DEVICE;
-    }
-    const Result r = static_cast<Result>(f());
-    if (previous >= 0 && previous != device && cudaSetDevice(previous) != cudaSuccess) {
-      cudaGetLastError();
-      TS_LOG(ERROR) << "cudaSetDevice(" << previous << ") after a cuda_vmm call failed";
-    }
-    return r;
+    Ops ops(ctx_get_current_);
+    return RunOnDevice(ops, device, CUDA_ERROR_INVALID_DEVICE,
+                       [&] { return static_cast<Result>(f()); });
   }
 
   std::once_flag once_;
   absl::Status available_;          // set once by Init
   std::vector<VmmDevice> devices_;  // set once by Init
   PFN_cuGetErrorName_v6000 error_name_ = nullptr;
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current_ = nullptr;
   PFN_cuMemImportFromShareableHandle_v10020 import_ = nullptr;
   PFN_cuMemGetAllocationPropertiesFromHandle_v10020 properties_ = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 granularity_ = nullptr;
