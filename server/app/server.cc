@@ -84,7 +84,14 @@ absl::Status Server::Init() {
   }
   ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
   cuda_ipc_ = memory::MakeCudaIpcMapper();
-  cuda_vmm_ = memory::MakeCudaVmmMapper();
+  // The VMM mapper serves only the backend's own devices, and exists only
+  // for a backend that accesses CUDA device memory: a CPU backend on a GPU
+  // host must not map (and create contexts on) GPUs for clients.
+  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
+    memory::CudaVmmMapperOptions vmm;
+    for (const core::DeviceDescription& d : backend_->devices()) vmm.device_uuids.push_back(d.uuid);
+    cuda_vmm_ = memory::MakeCudaVmmMapper(std::move(vmm));
+  }
 
   metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name(),
                                                     backend_->device_labels());
@@ -150,7 +157,9 @@ absl::Status Server::Init() {
   d.memory_kinds = {"host_shm"};
   if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
     d.memory_kinds.push_back("cuda_ipc");
-    if (memory::CudaVmmAvailable().ok()) d.memory_kinds.push_back("cuda_vmm");
+    if (cuda_vmm_ != nullptr && memory::CudaVmmAvailable().ok()) {
+      d.memory_kinds.push_back("cuda_vmm");
+    }
   }
 
   FrontEndOptions front;

@@ -31,7 +31,8 @@ absl::StatusOr<FdReceipt> FdTickets::Receive(const Peer& peer, const std::string
   const RegionMapper* mapper = kind == FdKind::kCudaVmm ? cuda_vmm_ : host_;
   if (mapper == nullptr) {
     return absl::FailedPreconditionError(kind == FdKind::kCudaVmm
-                                             ? "kind: this server cannot map CUDA VMM memory"
+                                             ? "kind: cuda_vmm: this server cannot map CUDA VMM "
+                                               "memory (its backend does not use CUDA devices)"
                                              : "kind: this server cannot map host memory");
   }
   ASSIGN_OR_RETURN(FdInfo info, mapper->Inspect(fd.get()));

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -119,8 +120,8 @@ absl::Status CheckVmmDescriptor(const struct stat& st, unsigned nvidia_major) {
   return absl::OkStatus();
 }
 
-CudaVmmMapper::CudaVmmMapper(CudaVmmDriver* driver, unsigned nvidia_major)
-    : driver_(driver), nvidia_major_(nvidia_major) {}
+CudaVmmMapper::CudaVmmMapper(CudaVmmDriver* driver, CudaVmmMapperOptions options)
+    : driver_(driver), options_(std::move(options)) {}
 
 absl::StatusOr<core::FdInfo> CudaVmmMapper::Inspect(int fd) const {
   RETURN_IF_ERROR(driver_->Available());
@@ -129,7 +130,7 @@ absl::StatusOr<core::FdInfo> CudaVmmMapper::Inspect(int fd) const {
   if (fstat(fd, &st) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("fd: fstat failed: ", ErrnoString(errno)));
   }
-  RETURN_IF_ERROR(CheckVmmDescriptor(st, nvidia_major_));
+  RETURN_IF_ERROR(CheckVmmDescriptor(st, options_.nvidia_major));
   // The driver tells an imported allocation's size only once it is mapped:
   // FdChannelReply.object_size is 0 for VMM descriptors.
   return core::FdInfo{};
@@ -154,6 +155,15 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
         absl::StrCat("fd.offset ", offset, " + fd.size ", size, " overflows a 64-bit integer"));
   }
   const uint64_t end = offset + size;
+  // Only the backend's own devices, before any driver call: a client naming
+  // another GPU must not make the server create a context there.
+  bool served = false;
+  for (const std::string& u : options_.device_uuids) served |= absl::EqualsIgnoreCase(u, uuid);
+  if (!served) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fd.device_uuid \"", uuid, "\" is not a device of this server's backend (",
+        options_.device_uuids.empty() ? "none" : absl::StrJoin(options_.device_uuids, ", "), ")"));
+  }
   RETURN_IF_ERROR(Inspect(fd_spec->fd != nullptr ? fd_spec->fd->get() : -1).status());
 
   ASSIGN_OR_RETURN(const std::vector<VmmDevice> devices, driver_->Devices());
@@ -245,8 +255,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   return region;
 }
 
-std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper() {
-  return std::make_unique<CudaVmmMapper>(RealCudaVmmDriver());
+std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper(CudaVmmMapperOptions options) {
+  return std::make_unique<CudaVmmMapper>(RealCudaVmmDriver(), std::move(options));
 }
 
 absl::Status CudaVmmAvailable() { return RealCudaVmmDriver()->Available(); }

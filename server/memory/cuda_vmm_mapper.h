@@ -6,7 +6,9 @@
 // The client exports the physical allocation behind its tensor with
 // cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) and
 // registers [offset, offset + size) of it, offset counted from the start of
-// the allocation, on the GPU it names by UUID. Map then, on that device:
+// the allocation, on the GPU it names by UUID, which must be one of the
+// backend's devices (CudaVmmMapperOptions::device_uuids). Map then, on that
+// device:
 //   cuMemImportFromShareableHandle -> handle
 //   cuMemGetAllocationPropertiesFromHandle: the allocation must live on the
 //     device the spec names (compared by UUID: CUDA_VISIBLE_DEVICES may
@@ -46,7 +48,8 @@
 // Errors: INVALID_ARGUMENT (not a kCudaVmm spec, empty fd.device_uuid,
 // size 0, wrong descriptor type, a descriptor the driver cannot import),
 // OUT_OF_RANGE (overflow, past the device memory or the allocation),
-// FAILED_PRECONDITION (no CUDA / no device; device_uuid not visible; the
+// FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
+// backend's devices or not visible; the
 // allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the
 // driver is out of memory or address space), INTERNAL (other driver errors,
 // with the CUresult's name).
@@ -61,6 +64,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/core/region.h"
@@ -76,23 +81,34 @@ inline constexpr unsigned kNvidiaDeviceMajor = 195;
 // OK only for a character device of major `nvidia_major`.
 absl::Status CheckVmmDescriptor(const struct stat& st, unsigned nvidia_major);
 
+struct CudaVmmMapperOptions {
+  // The devices this mapper serves (UUIDs, FormatGpuUuid spelling): the
+  // backend's own (Backend::devices()). A spec naming any other device, even
+  // one the driver sees, is FAILED_PRECONDITION before any driver call: the
+  // server must not create a context on, and map memory of, a GPU its
+  // backend does not use.
+  std::vector<std::string> device_uuids;
+  // For tests (which cannot make an NVIDIA descriptor).
+  unsigned nvidia_major = kNvidiaDeviceMajor;
+};
+
 class CudaVmmMapper final : public core::RegionMapper {
  public:
   // `driver` must outlive the mapper and every region it mapped.
-  // `nvidia_major` is for tests (which cannot make an NVIDIA descriptor).
-  explicit CudaVmmMapper(CudaVmmDriver* driver, unsigned nvidia_major = kNvidiaDeviceMajor);
+  CudaVmmMapper(CudaVmmDriver* driver, CudaVmmMapperOptions options);
 
   absl::StatusOr<core::FdInfo> Inspect(int fd) const override;
   absl::StatusOr<std::unique_ptr<core::MappedRegion>> Map(const core::RegionSpec& spec) override;
 
  private:
   CudaVmmDriver* const driver_;
-  const unsigned nvidia_major_;
+  const CudaVmmMapperOptions options_;
 };
 
 // The mapper over the process's real driver (a build without CUDA: every
-// Inspect and Map answers FAILED_PRECONDITION).
-std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper();
+// Inspect and Map answers FAILED_PRECONDITION). The server makes one only
+// for a backend that accesses CUDA device memory, with its devices.
+std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper(CudaVmmMapperOptions options);
 // Whether the real driver can map VMM memory here (GetServerInfo lists the
 // "cuda_vmm" memory kind only then).
 absl::Status CudaVmmAvailable();

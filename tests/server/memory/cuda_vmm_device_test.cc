@@ -113,7 +113,15 @@ TEST(CudaVmmDeviceTest, MapsAVmmAllocationOfAnotherProcess) {
   ASSERT_EQ(fstat(exporter.fd(), &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode)) << std::oct << st.st_mode;
   EXPECT_EQ(major(st.st_rdev), kNvidiaDeviceMajor);
-  std::unique_ptr<core::RegionMapper> mapper = MakeCudaVmmMapper();
+  CudaVmmMapperOptions options;  // every visible device, as a MultiDeviceBackend
+  int visible = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&visible), cudaSuccess);
+  for (int d = 0; d < visible; ++d) {
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, d), cudaSuccess);
+    options.device_uuids.push_back(FormatGpuUuid(prop.uuid.bytes));
+  }
+  std::unique_ptr<core::RegionMapper> mapper = MakeCudaVmmMapper(options);
   ASSERT_TRUE(mapper->Inspect(exporter.fd()).ok()) << mapper->Inspect(exporter.fd()).status();
   ASSERT_TRUE(CudaVmmAvailable().ok());
 

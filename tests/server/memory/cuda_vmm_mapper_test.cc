@@ -40,6 +40,7 @@ constexpr uint64_t kGranularity = 2 * kMiB;
 constexpr uint64_t kMinGranule = 4096;  // what Reserve takes (the smallest granule)
 const char kGpu0[] = "GPU-00000000-0000-0000-0000-00000000000a";
 const char kGpu1[] = "GPU-00000000-0000-0000-0000-00000000000b";
+const char kGpu2[] = "GPU-00000000-0000-0000-0000-00000000000c";  // not the backend's
 
 class FakeDriver final : public CudaVmmDriver {
  public:
@@ -52,7 +53,8 @@ class FakeDriver final : public CudaVmmDriver {
 
   absl::Status Available() override { return available; }
   absl::StatusOr<std::vector<VmmDevice>> Devices() override {
-    return std::vector<VmmDevice>{{0, kGpu0, 16 * 1024 * kMiB}, {1, kGpu1, 16 * 1024 * kMiB}};
+    return std::vector<VmmDevice>{
+        {0, kGpu0, 16 * 1024 * kMiB}, {1, kGpu1, 16 * 1024 * kMiB}, {2, kGpu2, 16 * 1024 * kMiB}};
   }
   Result Import(int device, int fd, Handle* handle) override {
     calls.push_back("import");
@@ -157,7 +159,15 @@ class FakeDriver final : public CudaVmmDriver {
 
 class CudaVmmMapperTest : public ::testing::Test {
  protected:
-  CudaVmmMapperTest() : mapper_(&driver_, major(DevNullRdev())) {}
+  CudaVmmMapperTest() : mapper_(&driver_, Options()) {}
+
+  // The backend's devices: GPUs 0 and 1 (the driver also sees GPU 2).
+  static CudaVmmMapperOptions Options() {
+    CudaVmmMapperOptions options;
+    options.device_uuids = {kGpu0, kGpu1};
+    options.nvidia_major = major(DevNullRdev());
+    return options;
+  }
 
   static dev_t DevNullRdev() {
     struct stat st;
@@ -283,10 +293,27 @@ TEST_F(CudaVmmMapperTest, TheAllocationMustLiveOnTheClaimedDevice) {
   EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, -1, 0, kMiB, kGpu0)),
               StatusIs(StatusCode::kFailedPrecondition, "not device memory"));
   EXPECT_TRUE(driver_.Clean());
-  // A device the server does not see: refused before any import.
+  // A device the server does not see: refused before any driver call.
   driver_.calls.clear();
   EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, "GPU-ffff")),
-              StatusIs(StatusCode::kFailedPrecondition, "not a device visible to the server"));
+              StatusIs(StatusCode::kFailedPrecondition,
+                       "fd.device_uuid \"GPU-ffff\" is not a device of this server's backend"));
+  EXPECT_TRUE(driver_.calls.empty());
+  // A device the driver sees but the backend does not use (GPU 2): refused
+  // the same way, before any driver call (no context is created there),
+  // even when the allocation does live on it.
+  EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 2, 0, kMiB, kGpu2)),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       absl::StrCat("fd.device_uuid \"", kGpu2,
+                                    "\" is not a device of this server's backend (", kGpu0, ", ",
+                                    kGpu1, ")")));
+  EXPECT_TRUE(driver_.calls.empty());
+  EXPECT_TRUE(driver_.Clean());
+  CudaVmmMapperOptions none = Options();
+  none.device_uuids.clear();
+  CudaVmmMapper no_devices(&driver_, none);
+  EXPECT_THAT(no_devices.Map(Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)),
+              StatusIs(StatusCode::kFailedPrecondition, "backend (none)"));
   EXPECT_TRUE(driver_.calls.empty());
   // UUIDs compare without regard to case.
   std::string upper = kGpu0;
@@ -331,7 +358,9 @@ TEST_F(CudaVmmMapperTest, OnlyNvidiaDescriptorsPass) {
   UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
   EXPECT_TRUE(mapper_.Inspect(null.get()).ok());
   // With the real major, /dev/null (1:3) is another device.
-  CudaVmmMapper real_major(&driver_);
+  CudaVmmMapperOptions real = Options();
+  real.nvidia_major = kNvidiaDeviceMajor;
+  CudaVmmMapper real_major(&driver_, real);
   EXPECT_THAT(real_major.Inspect(null.get()),
               StatusIs(StatusCode::kInvalidArgument, "is not an NVIDIA device (major 195)"));
   // A regular file spec is refused by Map as well, before any driver call.
