@@ -191,13 +191,14 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   MappingGuard guard(&m);
   const int fd = fd_spec->fd->get();  // non-null: Inspect checked it
   if (Result r = driver_->Import(ordinal, fd, &m.handle); r != CudaVmmDriver::kSuccess) {
-    if (r == CudaVmmDriver::kInvalidValue || r == CudaVmmDriver::kInvalidHandle ||
-        r == CudaVmmDriver::kNotSupported) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fd: the driver cannot import the descriptor as a CUDA VMM allocation (",
-                       driver_->ErrorName(r), ")"));
-    }
-    return DriverError(driver_, "cuMemImportFromShareableHandle", r);
+    // Whatever the driver's reason: the descriptor passed the type check
+    // (an NVIDIA node), so it is the client's descriptor that does not
+    // import (another NVIDIA fd, not an exported allocation, one exported
+    // on a device this process cannot use, ...), not a server fault.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fd: the driver cannot import the descriptor as a CUDA VMM allocation on ", uuid,
+        " (cuMemImportFromShareableHandle: ", driver_->ErrorName(r),
+        "); pass the descriptor of cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)"));
   }
   m.imported = true;
 

@@ -46,7 +46,8 @@
 // cannot map VMM memory at all (a build without CUDA, no driver, no device).
 //
 // Errors: INVALID_ARGUMENT (not a kCudaVmm spec, empty fd.device_uuid,
-// size 0, wrong descriptor type, a descriptor the driver cannot import),
+// size 0, wrong descriptor type, a descriptor the driver cannot import,
+// whatever the driver's CUresult),
 // OUT_OF_RANGE (overflow, past the device memory or the allocation),
 // FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
 // backend's devices or not visible; the

@@ -248,7 +248,8 @@ TEST_F(CudaVmmMapperTest, AFailureAtEveryStepLeaksNothing) {
     StatusCode code;
   } cases[] = {
       {FakeDriver::kImport, CudaVmmDriver::kInvalidValue, StatusCode::kInvalidArgument},
-      {FakeDriver::kImport, 999, StatusCode::kInternal},
+      {FakeDriver::kImport, 999, StatusCode::kInvalidArgument},
+      {FakeDriver::kImport, CudaVmmDriver::kOutOfMemory, StatusCode::kInvalidArgument},
       {FakeDriver::kLocation, 999, StatusCode::kInternal},
       {FakeDriver::kGetGranularity, 999, StatusCode::kInternal},
       {FakeDriver::kReserve, CudaVmmDriver::kOutOfMemory, StatusCode::kResourceExhausted},
