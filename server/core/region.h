@@ -29,6 +29,9 @@ struct FdRegionSpec {
   // kCudaVmm: the GPU the allocation lives on, by UUID (as CudaIpcSpec);
   // must be empty for host memory.
   std::string device_uuid;
+  // kCudaVmm: the whole allocation's size as the client states it (0 =
+  // unknown); must be 0 for host memory.
+  uint64_t allocation_size = 0;
 };
 
 struct CudaIpcSpec {

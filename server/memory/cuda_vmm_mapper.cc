@@ -148,6 +148,7 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
   const std::string uuid = fd_spec->device_uuid;
+  const uint64_t allocation_size = fd_spec->allocation_size;  // 0 = unknown
   if (uuid.empty()) return absl::InvalidArgumentError("fd.device_uuid is empty (cuda_vmm)");
   if (size == 0) return absl::InvalidArgumentError("fd.size must be > 0");
   if (size > UINT64_MAX - offset) {
@@ -155,6 +156,11 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
         absl::StrCat("fd.offset ", offset, " + fd.size ", size, " overflows a 64-bit integer"));
   }
   const uint64_t end = offset + size;
+  if (allocation_size != 0 && allocation_size < end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd.allocation_size ", allocation_size, " is less than fd.offset ", offset,
+                     " + fd.size ", size, " = ", end, " (the memory must lie in the allocation)"));
+  }
   // Only the backend's own devices, before any driver call: a client naming
   // another GPU must not make the server create a context there.
   bool served = false;
@@ -180,6 +186,11 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   }
   if (end > device->total_memory_bytes) {
     return absl::OutOfRangeError(absl::StrCat("fd.offset ", offset, " + fd.size ", size, " = ", end,
+                                              " exceeds the ", device->total_memory_bytes,
+                                              " bytes of device ", device->uuid));
+  }
+  if (allocation_size > device->total_memory_bytes) {
+    return absl::OutOfRangeError(absl::StrCat("fd.allocation_size ", allocation_size,
                                               " exceeds the ", device->total_memory_bytes,
                                               " bytes of device ", device->uuid));
   }
@@ -229,7 +240,17 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   if (end > UINT64_MAX - (granularity - 1)) {  // unreachable under the device bound
     return absl::OutOfRangeError(absl::StrCat("fd.offset + fd.size = ", end, " cannot be rounded"));
   }
-  const uint64_t length = (end + granularity - 1) / granularity * granularity;
+  if (allocation_size % granularity != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd.allocation_size ", allocation_size,
+                     " is not a multiple of the allocation's granularity ", granularity,
+                     " (an allocation is whole granules)"));
+  }
+  // The whole allocation when the client stated its size (some drivers
+  // refuse a partial map of an imported allocation), else the least whole
+  // granules covering offset + size.
+  const uint64_t length =
+      allocation_size != 0 ? allocation_size : (end + granularity - 1) / granularity * granularity;
 
   if (Result r = driver_->Reserve(ordinal, length, granularity, &m.va);
       r != CudaVmmDriver::kSuccess) {
@@ -239,11 +260,16 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   m.length = length;
   if (Result r = driver_->Map(ordinal, m.va, length, m.handle); r != CudaVmmDriver::kSuccess) {
     if (r == CudaVmmDriver::kInvalidValue) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "fd.offset ", offset, " + fd.size ", size, " = ", end, " (mapped as ", length,
-          " bytes, the granularity being ", granularity,
-          ") exceeds the allocation behind the descriptor: the driver refused to map it (",
-          driver_->ErrorName(r), ")"));
+      // Not checked here which of the causes it is: the driver says nothing
+      // of an imported allocation's size.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuMemMap refused to map ", length, " bytes from the start of the allocation (fd.offset ",
+          offset, " + fd.size ", size, " = ", end, ", fd.allocation_size ", allocation_size,
+          ", granularity ", granularity, "): ", driver_->ErrorName(r),
+          allocation_size != 0
+              ? "; fd.allocation_size or fd.offset + fd.size may exceed the allocation"
+              : "; fd.offset + fd.size may exceed the allocation, or the driver does not map "
+                "part of an imported allocation (set fd.allocation_size to its size)"));
     }
     return DriverError(driver_, "cuMemMap", r);
   }

@@ -17,7 +17,8 @@
 //     memory on a device other than the one the region claims
 //   cuMemGetAllocationGranularity (minimum, for the allocation's own
 //     properties from its handle) -> g
-//   cuMemAddressReserve(len = AlignUp(offset + size, g))
+//   cuMemAddressReserve(len = fd.allocation_size when given, else
+//     AlignUp(offset + size, g))
 //   cuMemMap(va, len, handle offset 0)   (the driver takes only offset 0)
 //   cuMemSetAccess(va, len, read-write on that device)
 // and the region is [va + offset, va + offset + size). The region's
@@ -28,13 +29,18 @@
 //
 // Sizes: allocations are whole multiples of the granularity, so mapping
 // AlignUp(offset + size, g) from offset 0 stays inside the allocation iff
-// offset + size does: the client's offset and size need no alignment. The
-// driver says nothing of an imported allocation's size before it is mapped;
-// what can be checked first is: size > 0, offset + size (and its rounding
-// up) without overflow, and offset + size <= the device's memory
-// (OUT_OF_RANGE). A larger claim than the allocation is refused by cuMemMap,
-// reported as OUT_OF_RANGE naming offset, size and the mapped length, with
-// nothing left mapped.
+// offset + size does: the client's offset and size need no alignment. Some
+// drivers refuse a partial map of an imported allocation, so a client that
+// knows the allocation's size states it (fd.allocation_size) and exactly
+// that is mapped; it must be >= offset + size and a multiple of g
+// (INVALID_ARGUMENT naming the field otherwise). The driver says nothing of
+// an imported allocation's size before it is mapped; what can be checked
+// first is: size > 0, offset + size (and its rounding up) without overflow,
+// offset + size and allocation_size <= the device's memory (OUT_OF_RANGE).
+// A length cuMemMap refuses (CUDA_ERROR_INVALID_VALUE: larger than the
+// allocation, or a partial map the driver does not do) is INVALID_ARGUMENT
+// naming offset, size, allocation_size and the length, without claiming
+// which, with nothing left mapped.
 //
 // Descriptors (Inspect, when a descriptor arrives; again in Map): the fd is
 // an NVIDIA control-device descriptor (/dev/nvidiactl, character device of
@@ -47,8 +53,9 @@
 //
 // Errors: INVALID_ARGUMENT (not a kCudaVmm spec, empty fd.device_uuid,
 // size 0, wrong descriptor type, a descriptor the driver cannot import,
-// whatever the driver's CUresult),
-// OUT_OF_RANGE (overflow, past the device memory or the allocation),
+// whatever the driver's CUresult; fd.allocation_size below offset + size or
+// not whole granules; a length cuMemMap refuses),
+// OUT_OF_RANGE (overflow, past the device memory),
 // FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
 // backend's devices or not visible; the
 // allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the

@@ -134,6 +134,11 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
     return absl::InvalidArgumentError(
         "fd.device_uuid is set, but the descriptor is host memory (FD_KIND_HOST_MEMORY)");
   }
+  if (fd_spec->allocation_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd.allocation_size is ", fd_spec->allocation_size,
+                     ", but the descriptor is host memory (FD_KIND_HOST_MEMORY): it must be 0"));
+  }
   if (size == 0) return absl::InvalidArgumentError("fd.size must be > 0");
   if (size > UINT64_MAX - offset) {
     return absl::OutOfRangeError(

@@ -211,12 +211,12 @@ absl::StatusOr<v1::BufferInfo> Client::RegisterBuffer(
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterFd(std::string name, int fd, uint64_t offset,
                                                   uint64_t size) const {
-  return RegisterLocalFd(std::move(name), fd, offset, size, std::string());
+  return RegisterLocalFd(std::move(name), fd, offset, size, std::string(), 0);
 }
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterLocalFd(std::string name, int fd, uint64_t offset,
-                                                       uint64_t size,
-                                                       std::string device_uuid) const {
+                                                       uint64_t size, std::string device_uuid,
+                                                       uint64_t allocation_size) const {
   v1::RegisterBufferRequest request;
   request.set_name(std::move(name));
   v1::PassedFd* passed = request.mutable_fd();
@@ -224,16 +224,18 @@ absl::StatusOr<v1::BufferInfo> Client::RegisterLocalFd(std::string name, int fd,
   passed->set_offset(offset);
   passed->set_size(size);
   passed->set_device_uuid(std::move(device_uuid));  // non-empty: FD_KIND_CUDA_VMM
+  passed->set_allocation_size(allocation_size);
   return RegisterBuffer(request);
 }
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterCudaVmmFd(std::string name, int fd, uint64_t offset,
-                                                         uint64_t size,
-                                                         std::string device_uuid) const {
+                                                         uint64_t size, std::string device_uuid,
+                                                         uint64_t allocation_size) const {
   if (device_uuid.empty()) {
     return absl::InvalidArgumentError("device_uuid: a CUDA VMM registration names its GPU");
   }
-  return RegisterLocalFd(std::move(name), fd, offset, size, std::move(device_uuid));
+  return RegisterLocalFd(std::move(name), fd, offset, size, std::move(device_uuid),
+                         allocation_size);
 }
 
 absl::Status Client::UnregisterBuffer(absl::string_view name) const {

@@ -110,6 +110,7 @@ def test_export_gives_the_offset_in_the_allocation_and_releases_the_handle():
     try:
         assert spec.offset == 3 * MIB + 256
         assert spec.size == 4 * MIB
+        assert spec.allocation_size == drv.extent  # the server maps it whole
         assert spec.device_uuid == UUID and spec.device == "cuda:0"
         assert spec.fd == drv.exported[0] and is_open(spec.fd)
         assert drv.retained == 0
@@ -312,3 +313,26 @@ def test_libcuda_context_pushes_the_primary_context_and_always_releases_it(fail)
     else:
         assert fake.calls == ["cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent_v2",
                               "body", "cuCtxPopCurrent_v2", "cuDevicePrimaryCtxRelease_v2"]
+
+
+def test_the_registration_states_the_allocations_size(client, monkeypatch):
+    # What RegisterBuffer carries: offset, size, device and the allocation's
+    # size (the server maps the allocation whole, as some drivers require).
+    sent = []
+
+    def capture(name, request, *args, **kwargs):
+        sent.append(request)
+        raise tokensel.CudaUnavailableError("captured")
+
+    monkeypatch.setattr(client, "_register", capture)
+    client.server_info.memory_kinds.append("cuda_vmm")
+    drv = FakeDriver()
+    try:
+        with pytest.raises(tokensel.CudaUnavailableError, match="captured"):
+            client.register_cuda_pointer(drv.base + MIB, 2 * MIB, driver=drv)
+    finally:
+        client.server_info.memory_kinds.remove("cuda_vmm")
+    passed = sent[0].fd
+    assert (passed.offset, passed.size, passed.device_uuid, passed.allocation_size) == (
+        MIB, 2 * MIB, UUID, drv.extent)
+    assert len(drv.exported) == 1 and not is_open(drv.exported[0])

@@ -140,9 +140,17 @@ TEST(CudaVmmDeviceTest, MapsAVmmAllocationOfAnotherProcess) {
   ASSERT_EQ(cudaMemset((*whole)->data(), 0x11, 1), cudaSuccess);
   EXPECT_EQ(CopyOut(**whole, 1)[0], 0x11);
 
+  // The allocation's size stated (fd.allocation_size): mapped whole.
+  core::FdRegionSpec stated_spec = exporter.Spec(marker_at, 256, exporter.uuid());
+  stated_spec.allocation_size = exporter.bytes();
+  auto stated = mapper->Map(stated_spec);
+  ASSERT_TRUE(stated.ok()) << stated.status();
+  EXPECT_EQ(CopyOut(**stated, 256), bytes);
+  stated->reset();
+
   // A size past the allocation: the driver refuses, precisely reported.
   EXPECT_THAT(mapper->Map(exporter.Spec(exporter.bytes() - 16, 32, exporter.uuid())),
-              StatusIs(StatusCode::kOutOfRange, "exceeds the allocation"));
+              StatusIs(StatusCode::kInvalidArgument, "cuMemMap refused"));
   EXPECT_THAT(mapper->Map(exporter.Spec(0, 16, "GPU-00000000-0000-0000-0000-000000000000")),
               StatusIs(StatusCode::kFailedPrecondition, "fd.device_uuid"));
   // Another visible device claimed: refused, naming the allocation's own.

@@ -101,6 +101,8 @@ class FakeDriver final : public CudaVmmDriver {
     if (r == reserved.end() || h == handles.end() || size > r->second) return kInvalidValue;
     // The driver's rules: whole granules, inside the allocation, offset 0.
     if (size % Granule(h->second) != 0 || size > h->second.size) return kInvalidValue;
+    // Some drivers refuse a partial map of an imported allocation.
+    if (refuse_partial && size != h->second.size) return kInvalidValue;
     if (mapped.count(va) != 0) return kInvalidValue;
     mapped[va] = {size, device};
     return kSuccess;
@@ -143,6 +145,7 @@ class FakeDriver final : public CudaVmmDriver {
 
   absl::Status available;
   uint64_t granularity = kGranularity;
+  bool refuse_partial = false;
   std::map<int, Allocation> allocations;  // by descriptor number
   Step fail_at = kNone;
   Result fail_result = 999;
@@ -271,10 +274,13 @@ TEST_F(CudaVmmMapperTest, AFailureAtEveryStepLeaksNothing) {
   EXPECT_TRUE(region.ok()) << region.status();
 }
 
-TEST_F(CudaVmmMapperTest, ASizePastTheAllocationIsOutOfRangeAndLeavesNothingMapped) {
-  // 4 MiB allocation; the client claims 2 MiB at offset 3 MiB.
+TEST_F(CudaVmmMapperTest, ASizePastTheAllocationIsRefusedAndLeavesNothingMapped) {
+  // 4 MiB allocation; the client claims 2 MiB at offset 3 MiB. The driver's
+  // refusal is reported without claiming its cause.
   EXPECT_THAT(mapper_.Map(Allocation(4 * kMiB, 0, 3 * kMiB, 2 * kMiB, kGpu0)),
-              StatusIs(StatusCode::kOutOfRange, "exceeds the allocation"));
+              StatusIs(StatusCode::kInvalidArgument,
+                       "cuMemMap refused to map 6291456 bytes from the start of the allocation "
+                       "(fd.offset 3145728 + fd.size 2097152 = 5242880, fd.allocation_size 0"));
   EXPECT_TRUE(driver_.Clean());
   // Exactly up to the end is fine, whatever the alignment of offset and size.
   EXPECT_TRUE(mapper_.Map(Allocation(4 * kMiB, 0, 3 * kMiB + 1, kMiB - 1, kGpu0)).ok());
@@ -381,6 +387,53 @@ TEST_F(CudaVmmMapperTest, WithoutCudaEverythingIsFailedPreconditionFirst) {
   EXPECT_TRUE(driver_.calls.empty());
 }
 
+// fd.allocation_size: exactly the allocation is mapped (a driver that refuses
+// partial maps of imported allocations then maps it); a value below
+// offset + size or not whole granules is INVALID_ARGUMENT naming the field
+// before anything is mapped; a larger one than the allocation is refused by
+// cuMemMap and reported without blaming a particular field.
+TEST_F(CudaVmmMapperTest, AStatedAllocationSizeIsMappedWhole) {
+  driver_.refuse_partial = true;
+  const uint64_t offset = 3 * kMiB + 256, size = 100;
+  core::FdRegionSpec spec = Allocation(20 * kMiB, 0, offset, size, kGpu0);
+  // Without the size: the driver refuses the 4 MiB partial map, and the
+  // message says what to do.
+  EXPECT_THAT(mapper_.Map(spec),
+              StatusIs(StatusCode::kInvalidArgument, "set fd.allocation_size to its size"));
+  EXPECT_TRUE(driver_.Clean());
+  spec.allocation_size = 20 * kMiB;
+  {
+    auto region = mapper_.Map(spec);
+    ASSERT_TRUE(region.ok()) << region.status();
+    ASSERT_EQ(driver_.mapped.size(), 1u);
+    EXPECT_EQ(driver_.mapped.begin()->second.first, 20 * kMiB);
+    EXPECT_EQ(driver_.reserved.begin()->second, 20 * kMiB);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*region)->data()),
+              driver_.mapped.begin()->first + offset);
+    EXPECT_EQ((*region)->size(), size);
+  }
+  EXPECT_TRUE(driver_.Clean());
+  driver_.calls.clear();
+  spec.allocation_size = offset + size - 1;
+  EXPECT_THAT(mapper_.Map(spec), StatusIs(StatusCode::kInvalidArgument,
+                                          absl::StrCat("fd.allocation_size ", offset + size - 1,
+                                                       " is less than fd.offset")));
+  EXPECT_TRUE(driver_.calls.empty());
+  spec.allocation_size = 20 * kMiB + 4096;
+  EXPECT_THAT(mapper_.Map(spec), StatusIs(StatusCode::kInvalidArgument,
+                                          "is not a multiple of the allocation's granularity"));
+  EXPECT_TRUE(driver_.Clean());
+  spec.allocation_size = 22 * kMiB;  // whole granules, larger than the allocation
+  EXPECT_THAT(mapper_.Map(spec),
+              StatusIs(StatusCode::kInvalidArgument,
+                       "fd.allocation_size or fd.offset + fd.size may exceed the allocation"));
+  EXPECT_TRUE(driver_.Clean());
+  spec.allocation_size = 32 * 1024 * kMiB;
+  EXPECT_THAT(mapper_.Map(spec), StatusIs(StatusCode::kOutOfRange, "fd.allocation_size"));
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
 // Random offsets, sizes and granularities against the rule: mapped iff
 // offset + size <= the allocation; then the mapping is the least whole
 // number of granules covering offset + size, and everything is given back.
@@ -396,7 +449,7 @@ TEST_F(CudaVmmMapperTest, RandomSpecsMapExactlyTheLeastCoveringGranules) {
                               " size=", size));
     auto region = mapper_.Map(Allocation(alloc, 0, offset, size, kGpu0));
     if (offset + size > alloc) {
-      EXPECT_THAT(region, StatusIs(StatusCode::kOutOfRange, "exceeds the allocation"));
+      EXPECT_THAT(region, StatusIs(StatusCode::kInvalidArgument, "cuMemMap refused"));
     } else {
       ASSERT_TRUE(region.ok()) << region.status();
       ASSERT_EQ(driver_.mapped.size(), 1u);

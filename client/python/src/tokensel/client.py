@@ -321,7 +321,8 @@ class Client:
         buf = cuda_ipc.CudaBuffer(self, name, spec, fd=spec.fd)
         try:
             self._register(name, pb.RegisterBufferRequest(name=name, fd=pb.PassedFd(
-                offset=spec.offset, size=spec.size, device_uuid=spec.device_uuid)),
+                offset=spec.offset, size=spec.size, device_uuid=spec.device_uuid,
+                allocation_size=spec.allocation_size)),
                 spec.address, spec.size, spec.device, buf, fd=spec.fd)
         except BaseException:
             os.close(spec.fd)

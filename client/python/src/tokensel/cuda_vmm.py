@@ -19,7 +19,11 @@ it is not, it registers the memory by descriptor instead:
   cuMemRelease(handle)                      (the retained reference)
   fd channel, FD_KIND_CUDA_VMM              -> ticket
   RegisterBuffer(fd {ticket, offset of the memory inside the allocation, size,
-                     device_uuid})
+                     device_uuid, allocation_size})
+
+allocation_size is the allocation's size (the address range, checked to be
+one allocation): the server maps exactly the whole allocation, since some
+drivers refuse a partial map of an imported allocation.
 
 The descriptor stays open while the buffer is registered (a re-opened session
 registers it again) and is closed by CudaBuffer.close(). The memory must lie
@@ -50,7 +54,7 @@ LEGACY_IPC = "cuda_ipc"
 VMM = "cuda_vmm"
 
 VmmSpec = collections.namedtuple(
-    "VmmSpec", ["fd", "device_uuid", "offset", "size", "address", "device"])
+    "VmmSpec", ["fd", "device_uuid", "offset", "size", "address", "device", "allocation_size"])
 
 # cuda.h values (stable ABI).
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
@@ -237,17 +241,19 @@ def export(drv, address, size, device=None):
     fd = -1
     try:
         with drv.context(ordinal):  # the calls below need a current context
-            fd, offset = _export_in_context(drv, address, size)
+            fd, offset, allocation_size = _export_in_context(drv, address, size)
     except BaseException:
         if fd >= 0:  # the context's pop or release failed after the export
             os.close(fd)
         raise
     return VmmSpec(fd=fd, device_uuid=uuid, offset=offset, size=size, address=address,
-                   device=device if device is not None else "cuda:%d" % ordinal)
+                   device=device if device is not None else "cuda:%d" % ordinal,
+                   allocation_size=allocation_size)
 
 
 def _export_in_context(drv, address, size):
-    """export()'s steps that need the device's context: (descriptor, offset)."""
+    """export()'s steps that need the device's context: (descriptor, offset,
+    allocation size)."""
     handle = drv.retain_allocation_handle(address)
     fd = -1
     try:
@@ -281,4 +287,4 @@ def _export_in_context(drv, address, size):
     except BaseException:
         os.close(fd)
         raise
-    return fd, offset
+    return fd, offset, extent

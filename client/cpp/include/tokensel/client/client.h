@@ -165,10 +165,14 @@ class Client {
   // Registers [offset, offset + size) of a CUDA VMM allocation: `fd` is what
   // cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
   // gave for it (the caller keeps and closes it), offset counts from the
-  // allocation's start, `device_uuid` is its GPU ("GPU-..."). The caller
-  // exports the handle; this client does not link the CUDA driver.
+  // allocation's start, `device_uuid` is its GPU ("GPU-..."),
+  // `allocation_size` the whole allocation's size (cuMemGetAddressRange of
+  // its mapping; 0 = unknown): when given, the server maps exactly it, which
+  // drivers that refuse partial maps of imported allocations need. The
+  // caller exports the handle; this client does not link the CUDA driver.
   absl::StatusOr<v1::BufferInfo> RegisterCudaVmmFd(std::string name, int fd, uint64_t offset,
-                                                   uint64_t size, std::string device_uuid) const;
+                                                   uint64_t size, std::string device_uuid,
+                                                   uint64_t allocation_size) const;
   // Where RegisterBuffer sends descriptors (empty: nowhere).
   const std::string& fd_channel_path() const { return fd_channel_path_; }
   absl::Status UnregisterBuffer(absl::string_view name) const;
@@ -198,7 +202,8 @@ class Client {
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string target);
   // RegisterFd (empty device_uuid) and RegisterCudaVmmFd.
   absl::StatusOr<v1::BufferInfo> RegisterLocalFd(std::string name, int fd, uint64_t offset,
-                                                 uint64_t size, std::string device_uuid) const;
+                                                 uint64_t size, std::string device_uuid,
+                                                 uint64_t allocation_size) const;
   template <typename Req, typename Resp>
   absl::StatusOr<Resp> Unary(grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*,
                                                                            const Req&, Resp*),
