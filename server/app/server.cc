@@ -89,7 +89,16 @@ absl::Status Server::Init() {
   // host must not map (and create contexts on) GPUs for clients.
   if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
     memory::CudaVmmMapperOptions vmm;
-    for (const core::DeviceDescription& d : backend_->devices()) vmm.device_uuids.push_back(d.uuid);
+    uint64_t device_bytes = 0;
+    for (const core::DeviceDescription& d : backend_->devices()) {
+      vmm.device_uuids.push_back(d.uuid);
+      device_bytes += d.total_memory_bytes;
+    }
+    // Mapped VMM bytes (sum over live regions) are capped at 4x the
+    // backend's device memory: buffer quotas count buffers, not bytes, and
+    // each mapping's page tables cost device memory.
+    if (device_bytes != 0 && device_bytes <= UINT64_MAX / 4)
+      vmm.max_mapped_bytes = 4 * device_bytes;
     cuda_vmm_ = memory::MakeCudaVmmMapper(std::move(vmm));
   }
 

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
+#include <atomic>
 #include <cerrno>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -37,11 +39,15 @@ struct Mapping {
   uint64_t length = 0;
   bool reserved = false;
   bool mapped = false;
+  std::shared_ptr<std::atomic<uint64_t>> counted;  // holds `length` of the cap
+  uint64_t counted_bytes = 0;
 
   void Undo() {
     if (mapped) Log("cuMemUnmap", driver->Unmap(device, va, length));
     if (reserved) Log("cuMemAddressFree", driver->Free(device, va, length));
     if (imported) Log("cuMemRelease", driver->Release(device, handle));
+    if (counted != nullptr) counted->fetch_sub(counted_bytes);
+    counted = nullptr;
     mapped = reserved = imported = false;
   }
   void Log(absl::string_view what, Result r) const {
@@ -121,7 +127,9 @@ absl::Status CheckVmmDescriptor(const struct stat& st, unsigned nvidia_major) {
 }
 
 CudaVmmMapper::CudaVmmMapper(CudaVmmDriver* driver, CudaVmmMapperOptions options)
-    : driver_(driver), options_(std::move(options)) {}
+    : driver_(driver),
+      options_(std::move(options)),
+      mapped_bytes_(std::make_shared<std::atomic<uint64_t>>(0)) {}
 
 absl::StatusOr<core::FdInfo> CudaVmmMapper::Inspect(int fd) const {
   RETURN_IF_ERROR(driver_->Available());
@@ -251,6 +259,19 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   // granules covering offset + size.
   const uint64_t length =
       allocation_size != 0 ? allocation_size : (end + granularity - 1) / granularity * granularity;
+
+  // The cap on mapped bytes, counted before anything is reserved.
+  uint64_t now = mapped_bytes_->load();
+  do {
+    if (length > options_.max_mapped_bytes || now > options_.max_mapped_bytes - length) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda_vmm: mapping ", length, " more bytes (fd.offset + fd.size = ", end,
+          ", fd.allocation_size ", allocation_size, ") would pass the server's cap of ",
+          options_.max_mapped_bytes, " mapped VMM bytes (", now, " mapped now)"));
+    }
+  } while (!mapped_bytes_->compare_exchange_weak(now, now + length));
+  m.counted = mapped_bytes_;
+  m.counted_bytes = length;
 
   if (Result r = driver_->Reserve(ordinal, length, granularity, &m.va);
       r != CudaVmmDriver::kSuccess) {

@@ -59,17 +59,19 @@
 // FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
 // backend's devices or not visible; the
 // allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the
-// driver is out of memory or address space), INTERNAL (other driver errors,
+// driver is out of memory or address space; max_mapped_bytes), INTERNAL (other driver errors,
 // with the CUresult's name).
 //
 // The driver is reached through CudaVmmDriver (cuda_vmm_driver.h), so the
 // sequence and its cleanup are unit-tested with a fake driver. Thread-safe:
-// no mutable state of its own (the driver's calls are thread-safe).
+// its one mutable state is the atomic count of mapped bytes (the driver's
+// calls are thread-safe).
 #ifndef TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
 #define TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -96,6 +98,12 @@ struct CudaVmmMapperOptions {
   // server must not create a context on, and map memory of, a GPU its
   // backend does not use.
   std::vector<std::string> device_uuids;
+  // Cap on the bytes mapped at once by this mapper (the sum of the mapped
+  // lengths L of its live regions; buffer quotas count buffers, not bytes,
+  // and each mapping costs page tables in device memory). A Map that would
+  // pass it is RESOURCE_EXHAUSTED naming both, before any driver call that
+  // acquires anything. The server sets 4x the backend's device memory.
+  uint64_t max_mapped_bytes = UINT64_MAX;
   // For tests (which cannot make an NVIDIA descriptor).
   unsigned nvidia_major = kNvidiaDeviceMajor;
 };
@@ -111,6 +119,8 @@ class CudaVmmMapper final : public core::RegionMapper {
  private:
   CudaVmmDriver* const driver_;
   const CudaVmmMapperOptions options_;
+  // Bytes mapped by live regions (shared: a region may outlive the mapper).
+  std::shared_ptr<std::atomic<uint64_t>> mapped_bytes_;
 };
 
 // The mapper over the process's real driver (a build without CUDA: every

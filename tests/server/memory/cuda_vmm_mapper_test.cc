@@ -434,6 +434,41 @@ TEST_F(CudaVmmMapperTest, AStatedAllocationSizeIsMappedWhole) {
   EXPECT_EQ(driver_.bad_calls, 0);
 }
 
+// The cap on mapped bytes counts the mapped lengths of live regions: a Map
+// that would pass it is RESOURCE_EXHAUSTED before anything is acquired, a
+// failed Map gives its bytes back, and so does a destroyed region.
+TEST_F(CudaVmmMapperTest, MappedBytesAreCapped) {
+  CudaVmmMapperOptions capped = Options();
+  capped.max_mapped_bytes = 10 * kMiB;
+  CudaVmmMapper mapper(&driver_, capped);
+  auto a = mapper.Map(Allocation(8 * kMiB, 0, 0, 3 * kMiB, kGpu0));  // maps 4 MiB
+  ASSERT_TRUE(a.ok()) << a.status();
+  core::FdRegionSpec whole = Allocation(8 * kMiB, 0, 0, kMiB, kGpu0);
+  whole.allocation_size = 8 * kMiB;  // 4 + 8 > 10
+  driver_.calls.clear();
+  EXPECT_THAT(mapper.Map(whole),
+              StatusIs(StatusCode::kResourceExhausted,
+                       "mapping 8388608 more bytes (fd.offset + fd.size = 1048576, "
+                       "fd.allocation_size 8388608) would pass the server's cap of 10485760 "
+                       "mapped VMM bytes (4194304 mapped now)"));
+  EXPECT_THAT(driver_.calls, ::testing::Not(::testing::Contains("reserve")));
+  EXPECT_EQ(driver_.mapped.size(), 1u);
+  // A failed map gives its bytes back.
+  driver_.fail_at = FakeDriver::kSetAccess;
+  EXPECT_THAT(mapper.Map(Allocation(8 * kMiB, 0, 0, 6 * kMiB, kGpu0)),
+              StatusIs(StatusCode::kInternal));
+  driver_.fail_at = FakeDriver::kNone;
+  auto b = mapper.Map(Allocation(8 * kMiB, 0, 0, 6 * kMiB, kGpu0));  // 4 + 6 = 10: at the cap
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_THAT(mapper.Map(Allocation(8 * kMiB, 0, 0, 1, kGpu0)),
+              StatusIs(StatusCode::kResourceExhausted, "cap of 10485760"));
+  a->reset();  // a destroyed region gives its bytes back
+  EXPECT_TRUE(mapper.Map(Allocation(8 * kMiB, 0, 0, 1, kGpu0)).ok());
+  b->reset();
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
 // Random offsets, sizes and granularities against the rule: mapped iff
 // offset + size <= the allocation; then the mapping is the least whole
 // number of granules covering offset + size, and everything is given back.
