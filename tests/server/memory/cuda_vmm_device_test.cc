@@ -140,6 +140,15 @@ TEST(CudaVmmDeviceTest, MapsAVmmAllocationOfAnotherProcess) {
   ASSERT_EQ(cudaMemset((*whole)->data(), 0x11, 1), cudaSuccess);
   EXPECT_EQ(CopyOut(**whole, 1)[0], 0x11);
 
+  // A partial map (the first granule of two, no allocation_size): the driver
+  // maps it, and it reads the exporter's fill (byte 0 written just above).
+  auto partial = mapper->Map(exporter.Spec(0, 16, exporter.uuid()));
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  std::vector<unsigned char> fill(16, 0x5A);
+  fill[0] = 0x11;
+  EXPECT_EQ(CopyOut(**partial, 16), fill);
+  partial->reset();
+
   // The allocation's size stated (fd.allocation_size): mapped whole.
   core::FdRegionSpec stated_spec = exporter.Spec(marker_at, 256, exporter.uuid());
   stated_spec.allocation_size = exporter.bytes();
