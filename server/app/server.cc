@@ -18,6 +18,7 @@
 #include "server/grpc/handlers.h"
 #include "server/grpc/listeners.h"
 #include "server/memory/cuda_ipc_mapper.h"
+#include "server/memory/cuda_vmm_mapper.h"
 #include "server/memory/host_fd_mapper.h"
 #include "server/memory/sigbus_guard.h"
 
@@ -83,6 +84,23 @@ absl::Status Server::Init() {
   }
   ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
   cuda_ipc_ = memory::MakeCudaIpcMapper();
+  // The VMM mapper serves only the backend's own devices, and exists only
+  // for a backend that accesses CUDA device memory: a CPU backend on a GPU
+  // host must not map (and create contexts on) GPUs for clients.
+  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
+    memory::CudaVmmMapperOptions vmm;
+    uint64_t device_bytes = 0;
+    for (const core::DeviceDescription& d : backend_->devices()) {
+      vmm.device_uuids.push_back(d.uuid);
+      device_bytes += d.total_memory_bytes;
+    }
+    // Mapped VMM bytes (sum over live regions) are capped at 4x the
+    // backend's device memory: buffer quotas count buffers, not bytes, and
+    // each mapping's page tables cost device memory.
+    if (device_bytes != 0 && device_bytes <= UINT64_MAX / 4)
+      vmm.max_mapped_bytes = 4 * device_bytes;
+    cuda_vmm_ = memory::MakeCudaVmmMapper(std::move(vmm));
+  }
 
   metrics_ = std::make_unique<core::ServiceMetrics>(TOKENSEL_VERSION, backend_->name(),
                                                     backend_->device_labels());
@@ -90,8 +108,8 @@ absl::Status Server::Init() {
   registry_limits.max_buffers_per_session = options_.max_buffers;
   registry_limits.max_buffers =
       options_.max_buffers_total != 0 ? options_.max_buffers_total : DefaultMaxBuffersTotal();
-  registry_ = std::make_unique<core::BufferRegistry>(host_memory_.get(), cuda_ipc_.get(),
-                                                     registry_limits, metrics_.get());
+  registry_ = std::make_unique<core::BufferRegistry>(
+      host_memory_.get(), cuda_ipc_.get(), cuda_vmm_.get(), registry_limits, metrics_.get());
   core::SessionLimits session_limits;
   session_limits.default_ttl = options_.session_ttl;
   session_limits.max_ttl = std::max(options_.max_session_ttl, options_.session_ttl);
@@ -104,7 +122,7 @@ absl::Status Server::Init() {
         tickets_->DropSession(session);
       },
       metrics_.get());
-  tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(),
+  tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(), cuda_vmm_.get(),
                                                core::FdTicketLimits());
   const uint64_t budget_bytes =
       options_.memory_budget_bytes != 0 ? options_.memory_budget_bytes : DefaultMemoryBudgetBytes();
@@ -146,7 +164,12 @@ absl::Status Server::Init() {
   d.max_rank = kernels::kMaxRank;
   d.shm_prefix = options_.shm_prefix;
   d.memory_kinds = {"host_shm"};
-  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) d.memory_kinds.push_back("cuda_ipc");
+  if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
+    d.memory_kinds.push_back("cuda_ipc");
+    if (cuda_vmm_ != nullptr && memory::CudaVmmAvailable().ok()) {
+      d.memory_kinds.push_back("cuda_vmm");
+    }
+  }
 
   FrontEndOptions front;
   front.listen = options_.listen;

@@ -6,13 +6,14 @@
 //
 // This is the composition root: the one place that knows every part.
 // Start builds, in order: the backend (MakeBackend), the region mappers
-// (host memory by descriptor, CUDA IPC), ServiceMetrics, the BufferRegistry,
-// the SessionManager (a session's end unregisters its buffers and drops its
-// fd tickets), the FdTickets, the MemoryBudget, Admission, the Executor and
-// the core::ServerDescription clients read with GetServerInfo; then the gRPC
-// front end on every listener, the Prometheus exposer and a reaper thread
-// that expires idle sessions and unredeemed fd tickets. Health reports
-// SERVING for "" and "tokensel.v1.TokenSelect" once all of that is up, and
+// (host memory by descriptor, CUDA IPC, CUDA VMM by descriptor),
+// ServiceMetrics, the BufferRegistry, the SessionManager (a session's end
+// unregisters its buffers and drops its fd tickets), the FdTickets, the
+// MemoryBudget, Admission, the Executor and the core::ServerDescription
+// clients read with GetServerInfo; then the gRPC front end on every
+// listener, the Prometheus exposer and a reaper thread that expires idle
+// sessions and unredeemed fd tickets. Health reports SERVING for "" and
+// "tokensel.v1.TokenSelect" once all of that is up, and
 // NOT_SERVING for good once the backend reports unhealthy() (a device lost
 // to a sticky CUDA error), checked by the reaper every reap_interval
 // (core::HealthWatch).
@@ -151,6 +152,7 @@ class Server {
   std::unique_ptr<core::Backend> backend_;
   std::unique_ptr<core::RegionMapper> host_memory_;
   std::unique_ptr<core::RegionMapper> cuda_ipc_;
+  std::unique_ptr<core::RegionMapper> cuda_vmm_;
   std::unique_ptr<core::ServiceMetrics> metrics_;
   std::unique_ptr<core::BufferRegistry> registry_;
   std::unique_ptr<core::SessionManager> sessions_;

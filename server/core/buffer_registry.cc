@@ -38,11 +38,15 @@ absl::Status ValidateBufferName(absl::string_view name) {
 
 BufferRegistry::BufferRegistry(RegionMapper* host, RegionMapper* cuda_ipc, RegistryLimits limits,
                                ServiceMetrics* metrics)
-    : host_(host), cuda_ipc_(cuda_ipc), limits_(limits), metrics_(metrics) {}
+    : BufferRegistry(host, cuda_ipc, nullptr, limits, metrics) {}
+
+BufferRegistry::BufferRegistry(RegionMapper* host, RegionMapper* cuda_ipc, RegionMapper* cuda_vmm,
+                               RegistryLimits limits, ServiceMetrics* metrics)
+    : host_(host), cuda_ipc_(cuda_ipc), cuda_vmm_(cuda_vmm), limits_(limits), metrics_(metrics) {}
 
 RegionMapper* BufferRegistry::MapperFor(const RegionSpec& spec) const {
   if (std::holds_alternative<CudaIpcSpec>(spec)) return cuda_ipc_;
-  return std::get<FdRegionSpec>(spec).kind == FdKind::kHostMemory ? host_ : nullptr;
+  return std::get<FdRegionSpec>(spec).kind == FdKind::kHostMemory ? host_ : cuda_vmm_;
 }
 
 BufferRegistry::~BufferRegistry() = default;

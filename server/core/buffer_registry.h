@@ -57,11 +57,14 @@ using BufferLease = std::shared_ptr<const Buffer>;
 
 class BufferRegistry {
  public:
-  // `host` maps FdRegionSpec of kind kHostMemory, `cuda_ipc` CudaIpcSpec;
-  // either may be null (that kind is then FAILED_PRECONDITION), and CUDA VMM
-  // descriptors have no mapper yet. `metrics` may be null.
+  // `host` maps FdRegionSpec of kind kHostMemory, `cuda_ipc` CudaIpcSpec,
+  // `cuda_vmm` FdRegionSpec of kind kCudaVmm; any may be null (that kind is
+  // then FAILED_PRECONDITION). Every kind counts against the same buffer
+  // limits. `metrics` may be null.
   BufferRegistry(RegionMapper* host, RegionMapper* cuda_ipc, RegistryLimits limits,
                  ServiceMetrics* metrics);
+  BufferRegistry(RegionMapper* host, RegionMapper* cuda_ipc, RegionMapper* cuda_vmm,
+                 RegistryLimits limits, ServiceMetrics* metrics);
   ~BufferRegistry();
 
   // INVALID_ARGUMENT: bad name; ALREADY_EXISTS: name taken in this session;
@@ -97,6 +100,7 @@ class BufferRegistry {
 
   RegionMapper* const host_;
   RegionMapper* const cuda_ipc_;
+  RegionMapper* const cuda_vmm_;
   const RegistryLimits limits_;
   ServiceMetrics* const metrics_;
   mutable tokensel::Mutex mu_;

@@ -38,9 +38,10 @@ class FdReceiver {
   // caller as the kernel reports it (Peer::Kind::kUnix). Errors:
   // NOT_FOUND (unknown or expired session), PERMISSION_DENIED (the session
   // belongs to another uid), INVALID_ARGUMENT (a descriptor of the wrong
-  // type: not a read-write regular file on tmpfs/hugetlbfs for host memory),
-  // RESOURCE_EXHAUSTED (too many tickets waiting), UNIMPLEMENTED (a kind
-  // this server cannot map). Thread-safe.
+  // type: not a read-write regular file on tmpfs/hugetlbfs for host memory,
+  // not an NVIDIA device descriptor for CUDA VMM), RESOURCE_EXHAUSTED (too
+  // many tickets waiting), FAILED_PRECONDITION (a kind this server cannot
+  // map: no CUDA, driver or device for CUDA VMM). Thread-safe.
   virtual absl::StatusOr<FdReceipt> Receive(const Peer& peer, const std::string& session_id,
                                             FdKind kind, UniqueFd fd) = 0;
 };

@@ -12,8 +12,13 @@ namespace tokensel::core {
 
 FdTickets::FdTickets(SessionManager* sessions, const RegionMapper* host, FdTicketLimits limits,
                      Clock clock)
+    : FdTickets(sessions, host, nullptr, limits, std::move(clock)) {}
+
+FdTickets::FdTickets(SessionManager* sessions, const RegionMapper* host,
+                     const RegionMapper* cuda_vmm, FdTicketLimits limits, Clock clock)
     : sessions_(sessions),
       host_(host),
+      cuda_vmm_(cuda_vmm),
       limits_(limits),
       clock_(clock ? std::move(clock) : Clock([] { return absl::Now(); })) {}
 
@@ -23,14 +28,14 @@ absl::StatusOr<FdReceipt> FdTickets::Receive(const Peer& peer, const std::string
                                              FdKind kind, UniqueFd fd) {
   // Who may hand over a descriptor for this session: its owner only.
   RETURN_IF_ERROR(sessions_->Touch(session_id, peer).status());
-  if (kind == FdKind::kCudaVmm) {
-    return absl::UnimplementedError(
-        "kind: CUDA VMM descriptors are not served yet (register CUDA memory with cuda_ipc)");
+  const RegionMapper* mapper = kind == FdKind::kCudaVmm ? cuda_vmm_ : host_;
+  if (mapper == nullptr) {
+    return absl::FailedPreconditionError(kind == FdKind::kCudaVmm
+                                             ? "kind: cuda_vmm: this server cannot map CUDA VMM "
+                                               "memory (its backend does not use CUDA devices)"
+                                             : "kind: this server cannot map host memory");
   }
-  if (host_ == nullptr) {
-    return absl::FailedPreconditionError("kind: this server cannot map host memory");
-  }
-  ASSIGN_OR_RETURN(FdInfo info, host_->Inspect(fd.get()));
+  ASSIGN_OR_RETURN(FdInfo info, mapper->Inspect(fd.get()));
   FdReceipt receipt;
   receipt.ticket = SecureRandomHex128();
   receipt.object_size = info.size;

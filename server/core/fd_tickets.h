@@ -7,7 +7,9 @@
 //
 // Receive requires the session to exist and to belong to `peer`'s principal
 // (SessionManager::Touch, which also renews it), asks the kind's mapper to
-// Inspect the descriptor (so a wrong descriptor is refused when it arrives),
+// Inspect the descriptor (so a wrong descriptor is refused when it arrives:
+// the host mapper takes only regular files on tmpfs/hugetlbfs, the CUDA VMM
+// mapper only NVIDIA device descriptors, so neither kind passes as the other),
 // and bounds what is held: at most `max_per_session` waiting tickets per
 // session and `max_total` in all (RESOURCE_EXHAUSTED beyond; each holds one
 // descriptor of the server's). Tickets are 128 random bits; a ticket is
@@ -46,9 +48,12 @@ class FdTickets final : public FdReceiver {
  public:
   using Clock = std::function<absl::Time()>;
 
-  // `host` inspects kHostMemory descriptors (null: that kind is refused).
+  // `host` inspects kHostMemory descriptors, `cuda_vmm` kCudaVmm ones
+  // (null: that kind is refused with FAILED_PRECONDITION).
   FdTickets(SessionManager* sessions, const RegionMapper* host, FdTicketLimits limits,
             Clock clock = nullptr);
+  FdTickets(SessionManager* sessions, const RegionMapper* host, const RegionMapper* cuda_vmm,
+            FdTicketLimits limits, Clock clock = nullptr);
   ~FdTickets() override;
 
   absl::StatusOr<FdReceipt> Receive(const Peer& peer, const std::string& session_id, FdKind kind,
@@ -79,6 +84,7 @@ class FdTickets final : public FdReceiver {
 
   SessionManager* const sessions_;
   const RegionMapper* const host_;
+  const RegionMapper* const cuda_vmm_;
   const FdTicketLimits limits_;
   const Clock clock_;
   mutable tokensel::Mutex mu_;

@@ -26,6 +26,12 @@ struct FdRegionSpec {
   FdKind kind = FdKind::kHostMemory;
   uint64_t offset = 0;
   uint64_t size = 0;
+  // kCudaVmm: the GPU the allocation lives on, by UUID (as CudaIpcSpec);
+  // must be empty for host memory.
+  std::string device_uuid;
+  // kCudaVmm: the whole allocation's size as the client states it (0 =
+  // unknown); must be 0 for host memory.
+  uint64_t allocation_size = 0;
 };
 
 struct CudaIpcSpec {

@@ -30,7 +30,7 @@ struct ServerDescription {
   uint64_t max_request_memory_bytes = 0;
   uint64_t memory_budget_bytes = 0;
   std::string shm_prefix;
-  std::vector<std::string> memory_kinds;  // "host_shm", "cuda_ipc"
+  std::vector<std::string> memory_kinds;  // "host_shm", "cuda_ipc", "cuda_vmm"
   bool fd_channel = false;                // every unix listener has an fd channel
 };
 

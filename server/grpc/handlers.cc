@@ -106,8 +106,9 @@ absl::Status Handlers::Register(const std::string& session,
     }
     ASSIGN_OR_RETURN(core::FdTickets::Redeemed redeemed,
                      deps_.tickets->Redeem(session, request.fd().ticket()));
-    spec = core::FdRegionSpec{std::move(redeemed.fd), redeemed.kind, request.fd().offset(),
-                              request.fd().size()};
+    spec = core::FdRegionSpec{std::move(redeemed.fd),     redeemed.kind,
+                              request.fd().offset(),      request.fd().size(),
+                              request.fd().device_uuid(), request.fd().allocation_size()};
   } else {
     ASSIGN_OR_RETURN(spec, RegionFromProto(request));
   }

@@ -18,6 +18,7 @@
 #include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/memory/file_type.h"
 #include "server/memory/sigbus_guard.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -64,16 +65,6 @@ class FdRegion final : public core::MappedRegion {
   SigbusGuard::Slot slot_;
 };
 
-absl::string_view FileType(mode_t mode) {
-  if (S_ISDIR(mode)) return "directory";
-  if (S_ISFIFO(mode)) return "pipe";
-  if (S_ISSOCK(mode)) return "socket";
-  if (S_ISCHR(mode)) return "character device";
-  if (S_ISBLK(mode)) return "block device";
-  if (S_ISLNK(mode)) return "symlink";
-  return "non-regular file";
-}
-
 struct Inspected {
   core::FdInfo info;
   uint64_t alignment = 0;  // of mmap offsets: the page size, or the huge page size
@@ -87,7 +78,7 @@ absl::StatusOr<Inspected> InspectFd(int fd) {
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("fd: a ", FileType(st.st_mode),
+        absl::StrCat("fd: a ", FileTypeName(st.st_mode),
                      " cannot be registered; pass a memfd or a POSIX shared-memory object"));
   }
   struct statfs fs;
@@ -139,6 +130,15 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
   }
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
+  if (!fd_spec->device_uuid.empty()) {
+    return absl::InvalidArgumentError(
+        "fd.device_uuid is set, but the descriptor is host memory (FD_KIND_HOST_MEMORY)");
+  }
+  if (fd_spec->allocation_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd.allocation_size is ", fd_spec->allocation_size,
+                     ", but the descriptor is host memory (FD_KIND_HOST_MEMORY): it must be 0"));
+  }
   if (size == 0) return absl::InvalidArgumentError("fd.size must be > 0");
   if (size > UINT64_MAX - offset) {
     return absl::OutOfRangeError(

@@ -55,6 +55,10 @@ absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
   int opened = -1;
   uint64_t offset = 0;
   uint64_t size = 0;
+  // A device_uuid makes the descriptor a CUDA VMM one (it names the GPU of
+  // the allocation; host memory has none).
+  v1::FdKind kind = v1::FD_KIND_HOST_MEMORY;
+  std::string device_uuid;
   if (request.has_host_shm()) {
     const v1::HostShm& shm = request.host_shm();
     opened = shm_open(shm.shm_name().c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
@@ -74,11 +78,12 @@ absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
     fd = ParseLocalFdTicket(request.fd().ticket());
     offset = request.fd().offset();
     size = request.fd().size();
+    device_uuid = request.fd().device_uuid();
+    if (!device_uuid.empty()) kind = v1::FD_KIND_CUDA_VMM;
   } else {
     return request;
   }
-  absl::StatusOr<v1::FdChannelReply> reply =
-      SendFd(fd_channel_path, session, v1::FD_KIND_HOST_MEMORY, fd, timeout);
+  absl::StatusOr<v1::FdChannelReply> reply = SendFd(fd_channel_path, session, kind, fd, timeout);
   if (opened >= 0) ::close(opened);
   if (!reply.ok()) return reply.status();
   v1::RegisterBufferRequest resolved;
@@ -87,6 +92,7 @@ absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
   passed->set_ticket(reply->ticket());
   passed->set_offset(offset);
   passed->set_size(size);
+  passed->set_device_uuid(device_uuid);
   return resolved;
 }
 
@@ -205,13 +211,31 @@ absl::StatusOr<v1::BufferInfo> Client::RegisterBuffer(
 
 absl::StatusOr<v1::BufferInfo> Client::RegisterFd(std::string name, int fd, uint64_t offset,
                                                   uint64_t size) const {
+  return RegisterLocalFd(std::move(name), fd, offset, size, std::string(), 0);
+}
+
+absl::StatusOr<v1::BufferInfo> Client::RegisterLocalFd(std::string name, int fd, uint64_t offset,
+                                                       uint64_t size, std::string device_uuid,
+                                                       uint64_t allocation_size) const {
   v1::RegisterBufferRequest request;
   request.set_name(std::move(name));
   v1::PassedFd* passed = request.mutable_fd();
   passed->set_ticket(LocalFdTicket(fd));
   passed->set_offset(offset);
   passed->set_size(size);
+  passed->set_device_uuid(std::move(device_uuid));  // non-empty: FD_KIND_CUDA_VMM
+  passed->set_allocation_size(allocation_size);
   return RegisterBuffer(request);
+}
+
+absl::StatusOr<v1::BufferInfo> Client::RegisterCudaVmmFd(std::string name, int fd, uint64_t offset,
+                                                         uint64_t size, std::string device_uuid,
+                                                         uint64_t allocation_size) const {
+  if (device_uuid.empty()) {
+    return absl::InvalidArgumentError("device_uuid: a CUDA VMM registration names its GPU");
+  }
+  return RegisterLocalFd(std::move(name), fd, offset, size, std::move(device_uuid),
+                         allocation_size);
 }
 
 absl::Status Client::UnregisterBuffer(absl::string_view name) const {

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -158,6 +159,34 @@ TEST(SessionTest, OpenUseClose) {
   EXPECT_THAT((*session)->WaitUntilOpen(absl::Seconds(1)),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT((*session)->Reopen(), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// RegisterCudaVmmFd sends FD_KIND_CUDA_VMM with the device UUID: this CPU
+// server has no VMM mapper (whatever the host) and answers
+// FAILED_PRECONDITION. Nothing is registered; host memory still registers.
+TEST(SessionTest, CudaVmmRegistrationGetsAPreciseError) {
+  std::unique_ptr<ServerProcess> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const Client client = ConnectTo(server->unix_target());
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(client, {});
+  ASSERT_OK(session.status());
+  const Client& c = (*session)->client();
+  const int memfd = memfd_create("vmm-test", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(ftruncate(memfd, 4096), 0);
+  EXPECT_THAT(c.RegisterCudaVmmFd("v", memfd, 0, 4096, "", 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "device_uuid"));
+  EXPECT_THAT(
+      c.RegisterCudaVmmFd("v", memfd, 0, 4096, "GPU-00000000-0000-0000-0000-000000000000", 2 << 20)
+          .status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "cuda_vmm: "));
+  absl::StatusOr<v1::BufferInfo> host = c.RegisterFd("h", memfd, 0, 4096);
+  ASSERT_OK(host.status());
+  EXPECT_EQ(host->kind(), "host_shm");
+  absl::StatusOr<v1::ListBuffersResponse> buffers = c.ListBuffers();
+  ASSERT_OK(buffers.status());
+  EXPECT_EQ(buffers->buffers_size(), 1);
+  close(memfd);
 }
 
 // Counted, not timed: wait (bounded generously) for the renewals that show

@@ -232,7 +232,7 @@ TEST(BufferRegistryLimitsTest, UnregisterIfCurrentLeavesAReplacementAlone) {
   EXPECT_FALSE(registry.UnregisterIfCurrent("s1", "a", *current));
 }
 
-TEST(BufferRegistryLimitsTest, CudaVmmDescriptorsHaveNoMapperYet) {
+TEST(BufferRegistryLimitsTest, CudaVmmWithoutAMapperIsFailedPrecondition) {
   FakeRegionMapper mapper;
   mapper.AddObject("/obj", 100);
   BufferRegistry registry(&mapper, nullptr, Limits(8), nullptr);

@@ -111,12 +111,27 @@ TEST_F(FdTicketsTest, WrongDescriptorsAndKindsAreRefusedWhenTheyArrive) {
   close(pipe_fds[1]);
   EXPECT_THAT(tickets_.Receive(alice_, alice_session_, FdKind::kHostMemory, std::move(read_end)),
               StatusIs(absl::StatusCode::kInvalidArgument, "not a regular file"));
+  // No VMM mapper (this fixture's tickets): FAILED_PRECONDITION, precisely.
   EXPECT_THAT(tickets_.Receive(alice_, alice_session_, FdKind::kCudaVmm, Memfd(64)),
-              StatusIs(absl::StatusCode::kUnimplemented, "CUDA VMM"));
+              StatusIs(absl::StatusCode::kFailedPrecondition, "cannot map CUDA VMM memory"));
+  EXPECT_EQ(mapper_.inspected, 1);  // the host mapper never saw the VMM descriptor
   FdTickets no_host(&sessions_, nullptr, Limits(), [this] { return now_; });
   EXPECT_THAT(no_host.Receive(alice_, alice_session_, FdKind::kHostMemory, Memfd(64)),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(tickets_.pending(), 0u);
+}
+
+// Each kind goes to its own mapper's Inspect, and only there: a host
+// descriptor is never inspected by the VMM mapper nor the other way round.
+TEST_F(FdTicketsTest, EachKindIsInspectedByItsOwnMapper) {
+  InspectingMapper vmm;
+  FdTickets both(&sessions_, &mapper_, &vmm, Limits(), [this] { return now_; });
+  ASSERT_TRUE(both.Receive(alice_, alice_session_, FdKind::kCudaVmm, Memfd(64)).ok());
+  EXPECT_EQ(vmm.inspected, 1);
+  EXPECT_EQ(mapper_.inspected, 0);
+  ASSERT_TRUE(both.Receive(alice_, alice_session_, FdKind::kHostMemory, Memfd(64)).ok());
+  EXPECT_EQ(vmm.inspected, 1);
+  EXPECT_EQ(mapper_.inspected, 1);
 }
 
 TEST_F(FdTicketsTest, HeldDescriptorsAreBoundedPerSessionAndInAll) {

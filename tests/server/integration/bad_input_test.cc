@@ -213,6 +213,23 @@ TEST_F(BadInputTest, DescriptorsThatAreNotSharedMemoryAreRefusedOnArrival) {
   ExpectStillServes();
 }
 
+// FD_KIND_CUDA_VMM on this server (CPU backend): FAILED_PRECONDITION, even
+// on a host with a GPU: a CPU backend has no VMM mapper (it must not map, and
+// create contexts on, GPUs it does not use). No ticket is issued and the
+// server goes on.
+TEST_F(BadInputTest, CudaVmmDescriptorsGetAPreciseError) {
+  const int memfd = memfd_create("not-vmm", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  absl::StatusOr<v1::FdChannelReply> reply =
+      client::SendFd(server_->fd_channel_path(), client_->session(), v1::FD_KIND_CUDA_VMM, memfd);
+  close(memfd);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_THAT(reply.status(), StatusIs(Code::kFailedPrecondition, "cuda_vmm: "));
+  EXPECT_THAT(std::string(reply.status().message()),
+              ::testing::HasSubstr("its backend does not use CUDA devices"));
+  ExpectStillServes();
+}
+
 TEST_F(BadInputTest, ATicketServesOnlyItsSessionAndOnlyOnce) {
   const int fd = shm_open(shm_.name().c_str(), O_RDWR | O_CLOEXEC, 0);
   ASSERT_GE(fd, 0);

@@ -191,6 +191,9 @@ TEST(HostFdMapperTest, OtherSpecsAndKindsAreInvalid) {
   core::FdRegionSpec vmm = object.Spec(0, 8);
   vmm.kind = core::FdKind::kCudaVmm;
   EXPECT_THAT(mapper->Map(vmm), StatusIs(StatusCode::kInvalidArgument, "cuda_vmm"));
+  core::FdRegionSpec sized = object.Spec(0, 8);
+  sized.allocation_size = kPage;  // a cuda_vmm field
+  EXPECT_THAT(mapper->Map(sized), StatusIs(StatusCode::kInvalidArgument, "fd.allocation_size"));
 }
 
 // The owner truncates its unsealed object under the server's mapping: the

@@ -34,12 +34,13 @@ tokensel.credentials for which target gets TLS.
 """
 import collections
 import functools
+import os
 import threading
 
 import grpc
 
 from tokensel import credentials as credentials_module
-from tokensel import cuda_ipc, errors, shm
+from tokensel import cuda_ipc, cuda_vmm, errors, shm
 from tokensel import fd_channel as fd_channel_module
 from tokensel.ops import OP_NAMES, OpBuilder
 from tokensel.stream import Stream
@@ -270,12 +271,42 @@ class Client:
             raise
         return buf
 
-    def register_cuda(self, tensor, *, name=None):
-        """Registers the memory of a CUDA torch tensor by CUDA IPC (handle of
-        its allocation's base + offset). Raises CudaUnavailableError without
-        cuda-bindings, a device, or a server with the cuda_ipc kind. Returns a
-        CudaBuffer (a context manager); the tensor must outlive it."""
-        spec = cuda_ipc.export(tensor, self.server_info)
+    def register_cuda(self, tensor, *, name=None, driver=None):
+        """Registers the memory of a CUDA torch tensor's storage. Memory
+        cudaIpcGetMemHandle can export goes by CUDA IPC (handle of its
+        allocation's base + offset); VMM memory (cuMemCreate, PyTorch's
+        expandable_segments) by descriptor on the fd channel
+        (tokensel.cuda_vmm). Stream-ordered pool memory (cudaMallocAsync)
+        is refused with CudaUnavailableError (pool IPC is not implemented). The driver decides which
+        (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE). Raises
+        CudaUnavailableError without a driver, a device, cuda-bindings (IPC
+        path) or a server accepting the kind. Returns a CudaBuffer (a context
+        manager); the tensor must outlive it."""
+        cuda_ipc.check_tensor(tensor)  # cuda-bindings, a device, a CUDA tensor
+        storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+        drv = driver if driver is not None else cuda_vmm.driver()
+        if cuda_vmm.plan(drv, storage.data_ptr()) == cuda_vmm.LEGACY_IPC:
+            return self._register_ipc(cuda_ipc.export(tensor, self.server_info), name)
+        return self._register_vmm(drv, storage.data_ptr(), storage.nbytes(), str(tensor.device),
+                                  name)
+
+    def register_cuda_pointer(self, address, size, *, name=None, driver=None):
+        """register_cuda for raw device memory [address, address + size) (any
+        CUDA allocation of this process), by CUDA IPC or by VMM descriptor as
+        the driver says. The memory must outlive the returned CudaBuffer."""
+        drv = driver if driver is not None else cuda_vmm.driver()
+        address, size = int(address), int(size)
+        if cuda_vmm.plan(drv, address) == cuda_vmm.LEGACY_IPC:
+            self._require_kind(cuda_vmm.LEGACY_IPC)
+            return self._register_ipc(cuda_vmm.export_legacy(drv, address, size), name)
+        return self._register_vmm(drv, address, size, None, name)
+
+    def _require_kind(self, kind):
+        if kind not in self.server_info.memory_kinds:
+            raise errors.CudaUnavailableError("the server (backend %s) does not accept %s buffers"
+                                              % (self.server_info.backend, kind))
+
+    def _register_ipc(self, spec, name):
         name = name or "cuda-%x" % spec.address
         buf = cuda_ipc.CudaBuffer(self, name, spec)
         self._register(name, pb.RegisterBufferRequest(name=name, cuda_ipc=pb.CudaIpc(
@@ -283,11 +314,29 @@ class Client:
             spec.address, spec.size, spec.device, buf)
         return buf
 
+    def _register_vmm(self, drv, address, size, device, name):
+        self._require_kind(cuda_vmm.VMM)  # before anything is exported
+        spec = cuda_vmm.export(drv, address, size, device)
+        name = name or "cuda-%x" % spec.address
+        buf = cuda_ipc.CudaBuffer(self, name, spec, fd=spec.fd)
+        try:
+            self._register(name, pb.RegisterBufferRequest(name=name, fd=pb.PassedFd(
+                offset=spec.offset, size=spec.size, device_uuid=spec.device_uuid,
+                allocation_size=spec.allocation_size)),
+                spec.address, spec.size, spec.device, buf, fd=spec.fd)
+        except BaseException:
+            os.close(spec.fd)
+            raise
+        return buf
+
     def _with_ticket(self, request, fd):
         """`request`, with a fresh fd channel ticket for `fd` when it has one."""
         if fd is None:
             return request
-        reply = fd_channel_module.send_fd(self.fd_channel, self.session_id, fd,
+        # A device_uuid marks a CUDA VMM descriptor (host memory has none).
+        kind = (pb.FD_KIND_CUDA_VMM if request.HasField("fd") and request.fd.device_uuid
+                else pb.FD_KIND_HOST_MEMORY)
+        reply = fd_channel_module.send_fd(self.fd_channel, self.session_id, fd, kind=kind,
                                           timeout=self.timeout)
         ticketed = pb.RegisterBufferRequest()
         ticketed.CopyFrom(request)

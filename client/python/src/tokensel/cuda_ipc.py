@@ -8,6 +8,7 @@ reason CUDA IPC cannot be used raises CudaUnavailableError (a
 FailedPreconditionError) before any RPC.
 """
 import collections
+import os
 
 from tokensel.errors import CudaUnavailableError
 
@@ -70,9 +71,10 @@ def format_uuid(raw):
     return "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:32])
 
 
-def export(tensor, server_info):
-    """A CudaSpec for `tensor`'s whole storage. Raises CudaUnavailableError
-    (no cuda-bindings / no device / server without cuda_ipc) or TypeError."""
+def check_tensor(tensor):
+    """The cuda-bindings driver module, once `tensor` is a CUDA torch tensor
+    on a usable device. Raises CudaUnavailableError (no cuda-bindings / no
+    device) or TypeError."""
     drv = driver()
     import torch
     if not torch.cuda.is_available():
@@ -80,6 +82,14 @@ def export(tensor, server_info):
                                    % torch.__version__)
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
         raise TypeError("register_cuda takes a CUDA torch tensor, got %r" % type(tensor))
+    return drv
+
+
+def export(tensor, server_info):
+    """A CudaSpec for `tensor`'s whole storage. Raises CudaUnavailableError
+    (no cuda-bindings / no device / server without cuda_ipc) or TypeError."""
+    drv = check_tensor(tensor)
+    import torch
     if "cuda_ipc" not in server_info.memory_kinds:
         raise CudaUnavailableError("the server (backend %s) does not accept cuda_ipc buffers"
                                    % server_info.backend)
@@ -98,18 +108,28 @@ def export(tensor, server_info):
 
 class CudaBuffer:
     """A registered CUDA allocation; CUDA tensors inside it are passed to ops
-    by reference. close() unregisters (idempotent)."""
+    by reference. `spec.kind` says how it was registered: "cuda_ipc" (legacy
+    IPC handle) or "cuda_vmm" (a VMM descriptor, tokensel.cuda_vmm, which this
+    buffer keeps open for re-registration and closes). close() unregisters
+    (idempotent)."""
 
-    def __init__(self, client, name, spec):
+    def __init__(self, client, name, spec, fd=None):
         self._client = client
         self.name = name
         self.spec = spec
+        self.kind = "cuda_vmm" if fd is not None else "cuda_ipc"
+        self._fd = fd
         self.closed = False
 
     def close(self):
         if not self.closed:
             self.closed = True
-            self._client._unregister(self)
+            try:
+                self._client._unregister(self)
+            finally:
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
 
     def __enter__(self):
         return self

@@ -152,7 +152,8 @@ class Client {
   //    name (with its own rights: NOT_FOUND / PERMISSION_DENIED as shm_open
   //    says) and registers its descriptor;
   //  - fd {ticket "fd:<n>", offset, size} (LocalFdTicket, what
-  //    SharedRegion::RegisterRequest makes): registers descriptor n;
+  //    SharedRegion::RegisterRequest makes): registers descriptor n, as
+  //    FD_KIND_CUDA_VMM when fd.device_uuid is set, else as host memory;
   //  - fd with a server ticket, and cuda_ipc: sent as they are.
   // Descriptors go over the fd channel (FAILED_PRECONDITION for a TCP
   // target without options.fd_channel).
@@ -161,6 +162,17 @@ class Client {
   // shm object this process holds; the server keeps its own copy).
   absl::StatusOr<v1::BufferInfo> RegisterFd(std::string name, int fd, uint64_t offset,
                                             uint64_t size) const;
+  // Registers [offset, offset + size) of a CUDA VMM allocation: `fd` is what
+  // cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+  // gave for it (the caller keeps and closes it), offset counts from the
+  // allocation's start, `device_uuid` is its GPU ("GPU-..."),
+  // `allocation_size` the whole allocation's size (cuMemGetAddressRange of
+  // its mapping; 0 = unknown): when given, the server maps exactly it, which
+  // drivers that refuse partial maps of imported allocations need. The
+  // caller exports the handle; this client does not link the CUDA driver.
+  absl::StatusOr<v1::BufferInfo> RegisterCudaVmmFd(std::string name, int fd, uint64_t offset,
+                                                   uint64_t size, std::string device_uuid,
+                                                   uint64_t allocation_size) const;
   // Where RegisterBuffer sends descriptors (empty: nowhere).
   const std::string& fd_channel_path() const { return fd_channel_path_; }
   absl::Status UnregisterBuffer(absl::string_view name) const;
@@ -188,6 +200,10 @@ class Client {
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string target);
+  // RegisterFd (empty device_uuid) and RegisterCudaVmmFd.
+  absl::StatusOr<v1::BufferInfo> RegisterLocalFd(std::string name, int fd, uint64_t offset,
+                                                 uint64_t size, std::string device_uuid,
+                                                 uint64_t allocation_size) const;
   template <typename Req, typename Resp>
   absl::StatusOr<Resp> Unary(grpc::Status (v1::TokenSelect::Stub::*method)(grpc::ClientContext*,
                                                                            const Req&, Resp*),

@@ -1,0 +1,136 @@
+// CudaVmmMapper: maps CUDA VMM memory (cuMemCreate, PyTorch
+// expandable_segments; the client refuses cudaMallocAsync pool memory) that a co-located client
+// handed over as a POSIX file descriptor on the fd channel (RegionSpec = core::FdRegionSpec of kind
+// kCudaVmm). Such memory cannot be exported with cudaIpcGetMemHandle.
+//
+// The client exports the physical allocation behind its tensor with
+// cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) and
+// registers [offset, offset + size) of it, offset counted from the start of
+// the allocation, on the GPU it names by UUID, which must be one of the
+// backend's devices (CudaVmmMapperOptions::device_uuids). Map then, on that
+// device:
+//   cuMemImportFromShareableHandle -> handle
+//   cuMemGetAllocationPropertiesFromHandle: the allocation must live on the
+//     device the spec names (compared by UUID: CUDA_VISIBLE_DEVICES may
+//     number devices differently in client and server), else
+//     FAILED_PRECONDITION naming both; a client cannot make the server map
+//     memory on a device other than the one the region claims
+//   cuMemGetAllocationGranularity (minimum, for the allocation's own
+//     properties from its handle) -> g
+//   cuMemAddressReserve(len = fd.allocation_size when given, else
+//     AlignUp(offset + size, g))
+//   cuMemMap(va, len, handle offset 0)   (the driver takes only offset 0)
+//   cuMemSetAccess(va, len, read-write on that device)
+// and the region is [va + offset, va + offset + size). The region's
+// destructor (the buffer's last lease) runs cuMemUnmap, cuMemAddressFree and
+// cuMemRelease; every error path releases exactly what was acquired, in
+// reverse order. The descriptor is not kept (the imported handle holds the
+// memory).
+//
+// Sizes: allocations are whole multiples of the granularity, so mapping
+// AlignUp(offset + size, g) from offset 0 stays inside the allocation iff
+// offset + size does: the client's offset and size need no alignment. Some
+// drivers refuse a partial map of an imported allocation, so a client that
+// knows the allocation's size states it (fd.allocation_size) and exactly
+// that is mapped; it must be >= offset + size and a multiple of g
+// (INVALID_ARGUMENT naming the field otherwise). The driver says nothing of
+// an imported allocation's size before it is mapped; what can be checked
+// first is: size > 0, offset + size (and its rounding up) without overflow,
+// offset + size and allocation_size <= the device's memory (OUT_OF_RANGE).
+// A length cuMemMap refuses (CUDA_ERROR_INVALID_VALUE: larger than the
+// allocation, or a partial map the driver does not do) is INVALID_ARGUMENT
+// naming offset, size, allocation_size and the length, without claiming
+// which, with nothing left mapped.
+//
+// Descriptors (Inspect, when a descriptor arrives; again in Map): the fd is
+// an NVIDIA control-device descriptor (/dev/nvidiactl, character device of
+// major 195) onto which the driver exported the allocation. Anything else is
+// INVALID_ARGUMENT: a regular file (host memory: FD_KIND_HOST_MEMORY), a
+// pipe, socket, directory, or another device. Conversely the host mapper
+// refuses every non-regular file, so neither kind passes as the other.
+// Before that, Inspect and Map answer FAILED_PRECONDITION when this server
+// cannot map VMM memory at all (a build without CUDA, no driver, no device).
+//
+// Errors: INVALID_ARGUMENT (not a kCudaVmm spec, empty fd.device_uuid,
+// size 0, wrong descriptor type, a descriptor the driver cannot import,
+// whatever the driver's CUresult; fd.allocation_size below offset + size or
+// not whole granules; a length cuMemMap refuses),
+// OUT_OF_RANGE (overflow, past the device memory),
+// FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
+// backend's devices or not visible; the
+// allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the
+// driver is out of memory or address space; max_mapped_bytes), INTERNAL (other driver errors,
+// with the CUresult's name).
+//
+// The driver is reached through CudaVmmDriver (cuda_vmm_driver.h), so the
+// sequence and its cleanup are unit-tested with a fake driver. Thread-safe:
+// its one mutable state is the atomic count of mapped bytes (the driver's
+// calls are thread-safe).
+#ifndef TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
+#define TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/core/region.h"
+#include "server/memory/cuda_vmm_driver.h"
+
+namespace tokensel::memory {
+
+// The character-device major of the NVIDIA driver's nodes (/dev/nvidia*,
+// /dev/nvidiactl), fixed by the driver (NV_MAJOR_DEVICE_NUMBER).
+inline constexpr unsigned kNvidiaDeviceMajor = 195;
+
+// The descriptor check of Inspect and Map, on the fstat of the descriptor:
+// OK only for a character device of major `nvidia_major`.
+absl::Status CheckVmmDescriptor(const struct stat& st, unsigned nvidia_major);
+
+struct CudaVmmMapperOptions {
+  // The devices this mapper serves (UUIDs, FormatGpuUuid spelling): the
+  // backend's own (Backend::devices()). A spec naming any other device, even
+  // one the driver sees, is FAILED_PRECONDITION before any driver call: the
+  // server must not create a context on, and map memory of, a GPU its
+  // backend does not use.
+  std::vector<std::string> device_uuids;
+  // Cap on the bytes mapped at once by this mapper (the sum of the mapped
+  // lengths L of its live regions; buffer quotas count buffers, not bytes,
+  // and each mapping costs page tables in device memory). A Map that would
+  // pass it is RESOURCE_EXHAUSTED naming both, before any driver call that
+  // acquires anything. The server sets 4x the backend's device memory.
+  uint64_t max_mapped_bytes = UINT64_MAX;
+  // For tests (which cannot make an NVIDIA descriptor).
+  unsigned nvidia_major = kNvidiaDeviceMajor;
+};
+
+class CudaVmmMapper final : public core::RegionMapper {
+ public:
+  // `driver` must outlive the mapper and every region it mapped.
+  CudaVmmMapper(CudaVmmDriver* driver, CudaVmmMapperOptions options);
+
+  absl::StatusOr<core::FdInfo> Inspect(int fd) const override;
+  absl::StatusOr<std::unique_ptr<core::MappedRegion>> Map(const core::RegionSpec& spec) override;
+
+ private:
+  CudaVmmDriver* const driver_;
+  const CudaVmmMapperOptions options_;
+  // Bytes mapped by live regions (shared: a region may outlive the mapper).
+  std::shared_ptr<std::atomic<uint64_t>> mapped_bytes_;
+};
+
+// The mapper over the process's real driver (a build without CUDA: every
+// Inspect and Map answers FAILED_PRECONDITION). The server makes one only
+// for a backend that accesses CUDA device memory, with its devices.
+std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper(CudaVmmMapperOptions options);
+// Whether the real driver can map VMM memory here (GetServerInfo lists the
+// "cuda_vmm" memory kind only then).
+absl::Status CudaVmmAvailable();
+
+}  // namespace tokensel::memory
+
+#endif  // TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
