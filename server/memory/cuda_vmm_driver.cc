@@ -70,6 +70,8 @@ class RealDriver final : public CudaVmmDriver {
   Result Import(int device, int fd, Handle* handle) override {
     return OnDevice(device, [&] {
       CUmemGenericAllocationHandle h = 0;
+      // The driver API takes a POSIX fd by value in its void* osHandle.
+      // NOLINTNEXTLINE(performance-no-int-to-ptr)
       const CUresult r = import_(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
       *handle = h;

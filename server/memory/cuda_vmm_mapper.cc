@@ -75,12 +75,14 @@ class MappingGuard {
 class VmmRegion final : public core::MappedRegion {
  public:
   VmmRegion(Mapping mapping, uint64_t offset, uint64_t size, std::string uuid)
-      : mapping_(mapping), offset_(offset), size_(size), uuid_(std::move(uuid)) {}
+      : mapping_(std::move(mapping)), offset_(offset), size_(size), uuid_(std::move(uuid)) {}
   ~VmmRegion() override { mapping_.Undo(); }
   VmmRegion(const VmmRegion&) = delete;
   VmmRegion& operator=(const VmmRegion&) = delete;
 
   void* data() const override {
+    // The mapping's device virtual address (a CUdeviceptr) as a pointer.
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
     return reinterpret_cast<void*>(static_cast<uintptr_t>(mapping_.va + offset_));
   }
   uint64_t size() const override { return size_; }
