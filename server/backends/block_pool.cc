@@ -59,7 +59,7 @@ void BlockPool::Release(Block block) {
   {
     absl::MutexLock lock(&mu_);
     --in_use_;
-    idle_.emplace(block.bytes, block.data);
+    const auto released = idle_.emplace(block.bytes, block.data);
     idle_bytes_ += block.bytes;
     // Idle memory stays bounded: without this, requests of ever larger sizes
     // (each within the budget) would each add a block the pool then kept for
@@ -80,21 +80,17 @@ void BlockPool::Release(Block block) {
       auto it = idle_.end();
       while (idle_bytes_ > low_water && it != idle_.begin()) {
         --it;
-        if (it->second == block.data) continue;
+        if (it == released) continue;
         idle_bytes_ -= it->first;
         to_free.push_back(it->second);
         it = idle_.erase(it);
         ++frees_;
       }
       if (idle_bytes_ > max_cached_bytes_) {  // the released block alone
-        for (auto self = idle_.begin(); self != idle_.end(); ++self) {
-          if (self->second != block.data) continue;
-          idle_bytes_ -= self->first;
-          to_free.push_back(self->second);
-          idle_.erase(self);
-          ++frees_;
-          break;
-        }
+        idle_bytes_ -= released->first;
+        to_free.push_back(released->second);
+        idle_.erase(released);
+        ++frees_;
       }
     }
   }

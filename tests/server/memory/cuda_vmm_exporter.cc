@@ -99,6 +99,10 @@ int main() {
           "cudaMemcpy")) {
     return 1;
   }
+  // The fill and the marker land before the server reads them through its
+  // own context: cudaMemset is asynchronous, and a pageable cudaMemcpy may
+  // return once the bytes are staged, before the DMA.
+  if (!Ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize")) return 1;
   int fd = -1;
   if (!Ok(export_fd(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
           "cuMemExportToShareableHandle")) {
