@@ -104,17 +104,21 @@ TEST(ThreadPoolTest, AChunksExceptionIsRethrownToTheCaller) {
   for (int round = 0; round < 50; ++round) {
     bool thrown = false;
     try {
-      // Every chunk but the first throws, on whichever thread runs it; until
-      // some worker has thrown, the first waits for one (an event, not a
-      // sleep: a loaded machine may not run a worker within any fixed time).
-      pool.ParallelFor(1 << 12, 1, [&](int64_t begin, int64_t) {
-        if (begin == 0) {
+      // Every chunk throws, on whichever thread runs it; until some worker
+      // has thrown, a chunk on the calling thread first waits for one (an
+      // event, not a sleep: a loaded machine may not run a worker within any
+      // fixed time). While the caller waits, the other chunks can only go to
+      // the workers. (Waiting in chunk 0 instead could wait for nothing: a
+      // worker may take chunk 0 while the caller throws on chunk 1, and then
+      // no other chunk runs.)
+      pool.ParallelFor(1 << 12, 1, [&](int64_t, int64_t) {
+        if (std::this_thread::get_id() == caller) {
           while (worker_throws.load() == 0 && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::yield();
           }
-          return;
+        } else {
+          ++worker_throws;
         }
-        if (std::this_thread::get_id() != caller) ++worker_throws;
         throw std::bad_alloc();
       });
     } catch (const std::bad_alloc&) {
