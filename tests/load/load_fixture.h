@@ -27,6 +27,7 @@
 #include "tests/load/proc_stats.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/http_get.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -44,19 +45,9 @@ using ::tokensel::testing::ServerProcess;
 
 // Under AddressSanitizer freed memory sits in the allocator's quarantine
 // (256 MB by default) and RSS grows regardless of leaks: the RSS bounds are
-// reported but not asserted there; the clean exit at the end (LeakSanitizer
-// runs at exit) covers leaks instead.
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool kAsan = true;
-#else
-inline constexpr bool kAsan = false;
-#endif
-#else
-inline constexpr bool kAsan = false;
-#endif
+// reported but not asserted there (kAsan); the clean exit at the end
+// (LeakSanitizer runs at exit) covers leaks instead.
+using ::tokensel::testing::kAsan;
 
 inline constexpr int kProcesses = 4;
 inline constexpr int kThreadsPerProcess = 16;
