@@ -7,6 +7,7 @@ option(TOKENSEL_BUILD_BENCHMARKS "Build the Google Benchmark programs" ON)
 set(TOKENSEL_CUDA "AUTO" CACHE STRING "Build the CUDA targets: AUTO (when nvcc is found), ON, OFF")
 set_property(CACHE TOKENSEL_CUDA PROPERTY STRINGS AUTO ON OFF)
 option(TOKENSEL_WERROR "Treat compiler warnings as errors" OFF)
+option(TOKENSEL_UNITY "Compile the test suites, server/grpc and the CLI in unity batches" ON)
 option(TOKENSEL_FUZZ "Build the libFuzzer targets in tests/fuzz (clang; the `fuzz` preset)" OFF)
 
 set(CMAKE_CXX_STANDARD 20)

@@ -12,6 +12,8 @@
 # compile_commands.json; clang-tidy on the gRPC-facing code (server/grpc,
 # server/app, client/) costs ~25-60 s a file here, so run it there by hand
 # when you change it:  scripts/check-style.sh tidy build/dev server/grpc/foo.cc
+# (from a build configured with -DTOKENSEL_UNITY=OFF, whose
+# compile_commands.json names those files rather than their unity batches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

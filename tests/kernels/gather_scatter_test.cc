@@ -15,7 +15,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_tensor.h"
 
-namespace tokensel::testing {
+namespace tokensel::testing::gather_scatter_test {
 namespace {
 
 using kernels::DType;
@@ -493,4 +493,4 @@ TEST(GatherScatterEdge, EmptySizes) {
 }
 
 }  // namespace
-}  // namespace tokensel::testing
+}  // namespace tokensel::testing::gather_scatter_test

@@ -14,7 +14,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_tensor.h"
 
-namespace tokensel::testing {
+namespace tokensel::testing::masks_test {
 namespace {
 
 using kernels::DType;
@@ -248,4 +248,4 @@ TEST(SliceGptMaskErrors, Metadata) {
 }
 
 }  // namespace
-}  // namespace tokensel::testing
+}  // namespace tokensel::testing::masks_test

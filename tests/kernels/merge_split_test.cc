@@ -18,7 +18,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_tensor.h"
 
-namespace tokensel::testing {
+namespace tokensel::testing::merge_split_test {
 namespace {
 
 using kernels::DType;
@@ -377,4 +377,4 @@ TEST(MergeSplitEdge, EmptyAndSingleSizes) {
 }
 
 }  // namespace
-}  // namespace tokensel::testing
+}  // namespace tokensel::testing::merge_split_test

@@ -18,7 +18,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_tensor.h"
 
-namespace tokensel::kernels::cpu {
+namespace tokensel::kernels::cpu::topk_test {
 namespace {
 
 namespace tt = ::tokensel::testing;
@@ -264,4 +264,4 @@ TEST(TopKTokensTest, RandomAgainstReference) {
 }
 
 }  // namespace
-}  // namespace tokensel::kernels::cpu
+}  // namespace tokensel::kernels::cpu::topk_test

@@ -15,7 +15,7 @@
 #include "tests/kernels/cuda/gpu_test_util.h"
 #include "tests/kernels/cuda/gpu_twins.h"
 
-namespace tokensel::kernels::cuda {
+namespace tokensel::kernels::cuda::merge_split_test {
 namespace {
 
 using gputest::IndexError;
@@ -153,4 +153,4 @@ TEST_F(MergeSplitGpuTest, Errors) {
 }
 
 }  // namespace
-}  // namespace tokensel::kernels::cuda
+}  // namespace tokensel::kernels::cuda::merge_split_test

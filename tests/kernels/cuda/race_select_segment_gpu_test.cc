@@ -29,7 +29,7 @@
 #include "tests/kernels/cuda/gpu_test_util.h"
 #include "tests/kernels/cuda/race_gpu_util.h"
 
-namespace tokensel::racetest {
+namespace tokensel::racetest::select_segment_test {
 namespace {
 
 namespace kc = kernels::cuda;
@@ -265,4 +265,4 @@ TEST_F(RaceSelectSegmentGpuTest, SampleTokensBertMaskReadsIdsBack) {
 }
 
 }  // namespace
-}  // namespace tokensel::racetest
+}  // namespace tokensel::racetest::select_segment_test

@@ -21,7 +21,7 @@
 #include "tests/kernels/cuda/gpu_test_util.h"
 #include "tests/testing/test_tensor.h"
 
-namespace tokensel::kernels::cuda {
+namespace tokensel::kernels::cuda::sort_topk_sample_test {
 namespace {
 
 using gputest::DeviceBuffer;
@@ -364,4 +364,4 @@ TEST_F(SortTopKSampleGpuTest, SampleWithMasks) {
 }
 
 }  // namespace
-}  // namespace tokensel::kernels::cuda
+}  // namespace tokensel::kernels::cuda::sort_topk_sample_test

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
 
 namespace tokensel::server::testing {
 namespace {
@@ -117,6 +118,19 @@ std::unique_ptr<grpc::ClientContext> InProcessServer::Context(const std::string&
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->AddMetadata("tokensel-session", session);
   return ctx;
+}
+
+std::unique_ptr<InProcessServer> StartServer(ServerOptions options) {
+  absl::StatusOr<std::unique_ptr<InProcessServer>> s = InProcessServer::Start(std::move(options));
+  if (!s.ok()) {
+    ADD_FAILURE() << "InProcessServer::Start: " << s.status();
+    return nullptr;
+  }
+  return *std::move(s);
+}
+
+absl::Status ToAbsl(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 absl::StatusOr<int> HealthCheck(const std::shared_ptr<grpc::Channel>& channel,

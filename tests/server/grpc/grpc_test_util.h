@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "server/app/server.h"
@@ -45,8 +46,17 @@ class InProcessServer {
   std::unique_ptr<v1::TokenSelect::Stub> stub_;
 };
 
-// grpc.health.v1.Health/Check; the ServingStatus number (1 = SERVING,
-// 2 = NOT_SERVING) or the RPC's error.
+// InProcessServer::Start(options), failing the current test (nullptr) on
+// an error.
+std::unique_ptr<InProcessServer> StartServer(ServerOptions options = {});
+
+// A gRPC status as an absl::Status (same code and message).
+absl::Status ToAbsl(const grpc::Status& status);
+
+// grpc.health.v1.Health/Check; the ServingStatus number (kServing,
+// kNotServing) or the RPC's error.
+inline constexpr int kServing = 1;
+inline constexpr int kNotServing = 2;
 absl::StatusOr<int> HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
                                 const std::string& service);
 

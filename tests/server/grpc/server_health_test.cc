@@ -18,8 +18,8 @@ namespace {
 using ::tokensel::server::testing::HealthCheck;
 using ::tokensel::server::testing::InProcessServer;
 
-constexpr int kServing = 1;
-constexpr int kNotServing = 2;
+using ::tokensel::server::testing::kNotServing;
+using ::tokensel::server::testing::kServing;
 
 // A CPU backend whose health the test sets.
 class LosableBackend : public tokensel::testing::ForwardingBackend {

@@ -31,14 +31,10 @@ using ::tokensel::server::testing::InProcessServer;
 using ::tokensel::server::testing::ReflectionListServices;
 using ::tokensel::testing::StatusIs;
 
-constexpr int kServing = 1;
-constexpr int kNotServing = 2;
-
-std::unique_ptr<InProcessServer> StartServer(ServerOptions options = {}) {
-  absl::StatusOr<std::unique_ptr<InProcessServer>> s = InProcessServer::Start(std::move(options));
-  EXPECT_OK(s);
-  return s.ok() ? *std::move(s) : nullptr;
-}
+using ::tokensel::server::testing::kNotServing;
+using ::tokensel::server::testing::kServing;
+using ::tokensel::server::testing::StartServer;
+using ::tokensel::server::testing::ToAbsl;
 
 // act[b,s,c] = 100b + 10s + c (fp32 [B,S,C]); indices int32 [B,R].
 struct GatherCase {
@@ -66,10 +62,6 @@ struct GatherCase {
     return out;
   }
 };
-
-absl::Status ToAbsl(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 TEST(ServerTest, PingAndServerInfoNeedNoSession) {
   ServerOptions options;

@@ -17,11 +17,9 @@ using ::tokensel::server::testing::Bytes;
 using ::tokensel::server::testing::FromBytes;
 using ::tokensel::server::testing::InlineTensor;
 using ::tokensel::server::testing::InProcessServer;
+using ::tokensel::server::testing::StartServer;
+using ::tokensel::server::testing::ToAbsl;
 using ::tokensel::testing::StatusIs;
-
-absl::Status ToAbsl(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 // Request i gathers row i % S of act[s,c] = 1000 i + 10 s + c (B = 1,
 // S = 8, C = 4, R = 1), so every response is distinct and checkable.
@@ -49,12 +47,6 @@ std::vector<int32_t> ExpectedFor(int i) {
   const std::vector<int32_t> act = ActFor(i);
   const int64_t s = i % kS;
   return std::vector<int32_t>(act.begin() + s * kC, act.begin() + (s + 1) * kC);
-}
-
-std::unique_ptr<InProcessServer> StartServer(ServerOptions options = {}) {
-  absl::StatusOr<std::unique_ptr<InProcessServer>> s = InProcessServer::Start(std::move(options));
-  EXPECT_OK(s);
-  return s.ok() ? *std::move(s) : nullptr;
 }
 
 // Writes `requests` from a separate thread while this one reads, so the

@@ -28,7 +28,7 @@ using ::tokensel::testing::StatusIs;
 using Code = absl::StatusCode;
 
 constexpr uid_t kOtherUid = 61001;
-constexpr gid_t kGroup = 61000;
+constexpr gid_t kSocketGroup = 61000;
 
 class UnixSocketTest : public ::testing::Test {
  protected:
@@ -77,9 +77,9 @@ TEST_F(UnixSocketTest, CreatesTheDirectory0750AndTheSocket0660WhateverTheUmask) 
 }
 
 TEST_F(UnixSocketTest, GroupAndModeAsAsked) {
-  if (!Root()) GTEST_SKIP() << "needs root to chown to gid " << kGroup;
+  if (!Root()) GTEST_SKIP() << "needs root to chown to gid " << kSocketGroup;
   UnixListenOptions options;
-  options.group = kGroup;
+  options.group = kSocketGroup;
   options.type = SOCK_SEQPACKET;
   const std::string path = dir_ + "/run/s.sock.fd";
   absl::StatusOr<UniqueFd> fd = ListenUnix(path, options);
@@ -88,9 +88,9 @@ TEST_F(UnixSocketTest, GroupAndModeAsAsked) {
   ASSERT_EQ(::lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0660u);
-  EXPECT_EQ(st.st_gid, kGroup);
+  EXPECT_EQ(st.st_gid, kSocketGroup);
   ASSERT_EQ(::stat((dir_ + "/run").c_str(), &st), 0);
-  EXPECT_EQ(st.st_gid, kGroup) << "the group must be able to reach the socket";
+  EXPECT_EQ(st.st_gid, kSocketGroup) << "the group must be able to reach the socket";
   int type = 0;
   socklen_t len = sizeof(type);
   ASSERT_EQ(::getsockopt(fd->get(), SOL_SOCKET, SO_TYPE, &type, &len), 0);
@@ -111,7 +111,7 @@ TEST_F(UnixSocketTest, DirectoryOthersCanWriteIsRefusedUnlessSticky) {
 
 TEST_F(UnixSocketTest, DirectoryOfAnotherUidIsRefusedEvenSticky) {
   if (!Root()) GTEST_SKIP() << "needs root to chown the directory";
-  ASSERT_EQ(::chown(dir_.c_str(), kOtherUid, kGroup), 0);
+  ASSERT_EQ(::chown(dir_.c_str(), kOtherUid, kSocketGroup), 0);
   ASSERT_EQ(::chmod(dir_.c_str(), 01755), 0);
   EXPECT_THAT(ListenUnix(dir_ + "/s.sock", {}),
               StatusIs(Code::kFailedPrecondition, absl::StrCat("belongs to uid ", kOtherUid)));
@@ -122,7 +122,7 @@ TEST_F(UnixSocketTest, SquattedEntryOfAnotherUidIsRefusedAndLeftAlone) {
   ASSERT_EQ(::chmod(dir_.c_str(), 01777), 0);
   const std::string path = dir_ + "/s.sock";
   ::close(Bind(path, /*listen=*/false));
-  ASSERT_EQ(::lchown(path.c_str(), kOtherUid, kGroup), 0);
+  ASSERT_EQ(::lchown(path.c_str(), kOtherUid, kSocketGroup), 0);
   EXPECT_THAT(ListenUnix(path, {}),
               StatusIs(Code::kFailedPrecondition,
                        absl::StrCat("belongs to uid ", kOtherUid, ", not to this server")));
@@ -156,7 +156,8 @@ TEST_F(UnixSocketTest, NonRootWithoutTheDirectoryIsToldToUseXdgRuntimeDir) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     ::close(pipe_fds[0]);
-    if (::setresgid(kGroup, kGroup, kGroup) != 0 || ::setresuid(kOtherUid, kOtherUid, kOtherUid)) {
+    if (::setresgid(kSocketGroup, kSocketGroup, kSocketGroup) != 0 ||
+        ::setresuid(kOtherUid, kOtherUid, kOtherUid)) {
       ::_exit(3);
     }
     ::setenv("XDG_RUNTIME_DIR", "/run/user/61001", 1);

@@ -40,12 +40,12 @@ using ::tokensel::testing::StatusIs;
 using ::tokensel::testing::TestShm;
 namespace health = ::grpc::health::v1;
 
-constexpr absl::Duration kLiveness = absl::Seconds(60);  // generous bound for "eventually"
+constexpr absl::Duration kInFlightLiveness = absl::Seconds(60);  // generous bound for "eventually"
 
 class InFlightFaultTest : public FaultServerTest {
  protected:
   bool PollInflight(double want, const std::atomic<int>& done, std::string* page) const {
-    return PollMetrics(*server_, kLiveness, page,
+    return PollMetrics(*server_, kInFlightLiveness, page,
                        [&](absl::string_view p) {
                          return Metric(p, "tokensel_inflight_requests") == want || done.load() > 0;
                        }) &&
@@ -71,7 +71,7 @@ TEST_F(InFlightFaultTest, UnregisterDuringManyInFlightOpsIsDeferred) {
   // One connection per op, connected up front so that the ops start together.
   std::vector<std::unique_ptr<Client>> op_clients;
   for (int k = 0; k < kOps; ++k) {
-    op_clients.push_back(std::make_unique<Client>(server_->UnixChannel(), kLiveness));
+    op_clients.push_back(std::make_unique<Client>(server_->UnixChannel(), kInFlightLiveness));
     op_clients.back()->set_session(client.session());
     ASSERT_OK(op_clients.back()->Ping());
   }
@@ -89,7 +89,7 @@ TEST_F(InFlightFaultTest, UnregisterDuringManyInFlightOpsIsDeferred) {
       });
     }
     // Every op has leased the buffer once it writes its first output row.
-    const absl::Time deadline = absl::Now() + kLiveness;
+    const absl::Time deadline = absl::Now() + kInFlightLiveness;
     auto all_writing = [&] {
       for (const Placed& out : g.outs) {
         if (std::memcmp(big->data() + out.offset, expect.data(), row_bytes) != 0) return false;
@@ -119,7 +119,7 @@ TEST_F(InFlightFaultTest, UnregisterDuringManyInFlightOpsIsDeferred) {
           << "op " << k;
     }
     // The last lease is gone, so is the mapping.
-    const absl::Time unmap_deadline = absl::Now() + kLiveness;
+    const absl::Time unmap_deadline = absl::Now() + kInFlightLiveness;
     while (MapsShm(server_->pid(), big->name()) && absl::Now() < unmap_deadline) {
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -150,14 +150,14 @@ TEST_F(InFlightFaultTest, SigtermWithExactly32RequestsInFlight) {
   ASSERT_OK(big);
   g.Fill(big->data(), rng_);
   const std::vector<uint8_t> expect = g.Expected(big->data());
-  Client owner(server_->UnixChannel(), kLiveness);
+  Client owner(server_->UnixChannel(), kInFlightLiveness);
   owner.set_fd_channel(server_->fd_channel_path());
   ASSERT_OK(owner.Open());
   ASSERT_OK(owner.Register("big", big->name(), 0, big->size()));
   // One connection per request, connected before anything starts.
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < kRequests; ++i) {
-    clients.push_back(std::make_unique<Client>(server_->UnixChannel(), kLiveness));
+    clients.push_back(std::make_unique<Client>(server_->UnixChannel(), kInFlightLiveness));
     clients.back()->set_session(owner.session());
     ASSERT_OK(clients.back()->Ping());
   }
@@ -202,7 +202,7 @@ TEST_F(InFlightFaultTest, SigtermWithExactly32RequestsInFlight) {
       // Health turns NOT_SERVING before the drain starts; then a new request
       // is refused.
       auto health_stub = health::Health::NewStub(server_->UnixChannel());
-      const absl::Time deadline = absl::Now() + kLiveness;
+      const absl::Time deadline = absl::Now() + kInFlightLiveness;
       health::HealthCheckResponse hc;
       do {
         grpc::ClientContext ctx;
@@ -241,7 +241,7 @@ TEST_F(InFlightFaultTest, SigtermWithExactly32RequestsInFlight) {
     }
   }
   ASSERT_TRUE(sigterm_sent) << "32 requests were never seen in flight at once";
-  auto code = server_->WaitForExit(kLiveness);
+  auto code = server_->WaitForExit(kInFlightLiveness);
   ASSERT_OK(code);
   EXPECT_EQ(*code, 0);
   v1::ListBuffersResponse listed;
