@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Static quality checks of the CUDA kernels (ctest label `static-gpu`).
 
-No GPU is needed. For every kernels/cuda/*.cu file of the build, the file is
-recompiled with EXACTLY the flags of the build (its compile_commands.json
-entry: same nvcc, same -gencode list for sm_80 and sm_90, same defines) plus
+No GPU is needed. For every kernels/cuda/*.cu file of the build, the checks
+read the build's own object (its compile_commands.json entry names it: the
+same nvcc, the same -gencode list for sm_80 and sm_90, each with SASS and
+PTX) with cuobjdump: `--dump-resource-usage` for 1, `-sass` and `-ptx` for 2.
+Without cuobjdump (offline), with --source-map or --recompile, every file is
+recompiled instead with EXACTLY the flags of the build plus
 `-Xptxas -v --keep`, device code only (`--fatbin` for `-c`), into a scratch
-directory. Then:
+directory, and 1 reads ptxas' report. Then:
 
- 1. ptxas report: every entry function, for every target architecture
-    (sm_80 and sm_90 both required), has 0 bytes stack frame, 0 bytes spill
-    stores and 0 bytes spill loads, and ptxas printed no "Local memory used"
-    / "Registers are spilled" warning. `cuobjdump --dump-resource-usage` of
-    the object (when available) must also report STACK:0 LOCAL:0.
+ 1. Resources: every entry function, for every target architecture
+    (sm_80 and sm_90 both required), uses no local memory: from the objects,
+    STACK:0 LOCAL:0 (a spill is a store to local memory and reserves a stack
+    frame); when recompiling, ptxas reports 0 bytes stack frame, 0 bytes
+    spill stores and 0 bytes spill loads and prints no "Local memory used" /
+    "Registers are spilled" warning, and cuobjdump (when available) agrees.
  2. 128-bit accesses on the fast paths: the 16-byte instantiation of the row
     copy kernel in gather.cu and scatter.cu (and masks.cu, SliceGptMask)
     must contain 128-bit global loads AND stores, in the SASS of every
@@ -22,13 +26,13 @@ directory. Then:
     (offline) the PTX check alone runs and the script says so.
  3. Negative controls (so a broken parser cannot pass silently): two small
     kernels are compiled with the same flags, one that spills to local memory
-    and one whose "fast path" uses 8-byte accesses; the checks above must
-    flag both, else this script fails.
+    and one whose "fast path" uses 8-byte accesses; the checks above (of the
+    mode in use) must flag both, else this script fails.
 
 Exit status 0 = all checks passed; 1 = a check failed (the reasons are
 printed); 2 = usage / environment error.
 
-  check_cuda_static.py --build-dir build/dev [--jobs 2] [--cache-dir DIR]
+  check_cuda_static.py --build-dir build/dev [--jobs 2] [--cache-dir DIR] [--recompile]
 """
 
 import argparse
@@ -91,6 +95,15 @@ def load_entries(build_dir):
             args = e["arguments"] if "arguments" in e else shlex.split(e["command"])
             entries.append({"file": src, "directory": e["directory"], "args": args})
     return entries
+
+
+def object_path(entry):
+    """The object file the build writes for `entry` (its -o), or None."""
+    args = entry["args"]
+    for i, a in enumerate(args[:-1]):
+        if a == "-o":
+            return os.path.normpath(os.path.join(entry["directory"], args[i + 1]))
+    return None
 
 
 def rewrite_args(args, obj, keep_dir, source_map):
@@ -231,8 +244,10 @@ def sass_functions(cuobjdump, env, obj, arch):
 
 
 def resource_usage(cuobjdump, env, obj):
-    """[(arch, function, stack, local)] from --dump-resource-usage."""
+    """[(arch, function, stack, local, regs)] from --dump-resource-usage."""
     r = subprocess.run([cuobjdump, "--dump-resource-usage", obj], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump --dump-resource-usage {obj}: {r.stderr.strip()}")
     rows, arch = [], None
     for line in r.stdout.splitlines():
         m = re.search(r"arch = (sm_\d+)", line)
@@ -241,10 +256,13 @@ def resource_usage(cuobjdump, env, obj):
         m = re.search(r"Function (\S+):", line)
         func = m.group(1) if m else None
         m2 = re.search(r"STACK:(\d+).*LOCAL:(\d+)", line)
+        m3 = re.search(r"REG:(\d+)", line)
+        regs = int(m3.group(1)) if m3 else None
         if func is None and m2 and rows and rows[-1][2] is None:
-            rows[-1] = (rows[-1][0], rows[-1][1], int(m2.group(1)), int(m2.group(2)))
+            rows[-1] = (rows[-1][0], rows[-1][1], int(m2.group(1)), int(m2.group(2)), regs)
         elif func is not None:
-            rows.append((arch, func, int(m2.group(1)) if m2 else None, int(m2.group(2)) if m2 else None))
+            rows.append((arch, func, int(m2.group(1)) if m2 else None, int(m2.group(2)) if m2 else None,
+                         regs))
     return rows
 
 
@@ -261,24 +279,40 @@ def ptx_entries(keep_dir):
         if not fname.endswith(".ptx"):
             continue
         with open(os.path.join(keep_dir, fname)) as f:
-            text = f.read()
-        m = re.search(r"^\.target\s+sm_(\d+)", text, re.M)
-        arch = f"sm_{m.group(1)}" if m else fname
-        entries = result.setdefault(arch, {})
-        for em in re.finditer(r"\.entry\s+(\S+)\s*\(", text):
-            start = em.end()
-            brace = text.find("{", start)
-            depth, i = 0, brace
-            while i < len(text):
-                if text[i] == "{":
-                    depth += 1
-                elif text[i] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                i += 1
-            entries[em.group(1)] = text[brace:i]
+            add_ptx_entries(f.read(), fname, result)
     return result
+
+
+def object_ptx_entries(cuobjdump, env, obj):
+    """The same from the PTX embedded in an object (cuobjdump -ptx): one
+    module per architecture, each starting at its .version line."""
+    r = subprocess.run([cuobjdump, "-ptx", obj], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump -ptx {obj}: {r.stderr.strip()}")
+    result = {}
+    modules = re.split(r"^(?=\.version\s)", r.stdout, flags=re.M)
+    for text in modules[1:]:
+        add_ptx_entries(text, obj, result)
+    return result
+
+
+def add_ptx_entries(text, origin, result):
+    """Adds the .entry bodies of one PTX module to result[arch]."""
+    m = re.search(r"^\.target\s+sm_(\d+)", text, re.M)
+    arch = f"sm_{m.group(1)}" if m else origin
+    entries = result.setdefault(arch, {})
+    for em in re.finditer(r"\.entry\s+(\S+)\s*\(", text):
+        brace = text.find("{", em.end())
+        depth, i = 0, brace
+        while i < len(text):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        entries[em.group(1)] = text[brace:i]
 
 
 # ------------------------------------------------------------ the checks
@@ -318,8 +352,21 @@ def check_object(name, obj, keep, proc, tools, fast_paths, report):
             failures.append(f"{name}: {pretty.get(kernel, kernel)} not compiled for {', '.join(missing)}")
 
     cuobjdump, env = tools
+    failures += check_fast_paths(name, obj, ptx_entries(keep), tools, fast_paths, report)
+    if cuobjdump:
+        for arch, func, stack, local, _ in resource_usage(cuobjdump, env, obj):
+            if stack or local:
+                failures.append(f"{name}: cuobjdump resource usage {func} ({arch}): STACK:{stack} LOCAL:{local}")
+    return failures
+
+
+def check_fast_paths(name, obj, ptx, tools, fast_paths, report):
+    """128-bit global loads and stores in the PTX (`ptx`: ptx_entries) and,
+    with cuobjdump, the SASS of every architecture of the fast paths of
+    `name`; returns the failures."""
+    failures = []
+    cuobjdump, env = tools
     wanted = [frag for f, frag in fast_paths if f == name]
-    ptx = ptx_entries(keep)
     for frag in wanted:
         for arch in REQUIRED_ARCHS:
             bodies = [b for n, b in ptx.get(arch, {}).items() if frag in n]
@@ -337,18 +384,46 @@ def check_object(name, obj, keep, proc, tools, fast_paths, report):
                     failures.append(f"{name}: no SASS function matching {frag} for {arch}")
                 for n, b in hits.items():
                     ld, st = len(SASS_LD128.findall(b)), len(SASS_ST128.findall(b))
-                    report.append((name, arch, "SASS " + pretty.get(n, demangle([n])[n]),
+                    report.append((name, arch, "SASS " + demangle([n])[n],
                                    {"LDG.E.128": ld, "STG.E.128": st}))
                     if not ld or not st:
                         failures.append(f"{name}: SASS of {frag} ({arch}) has {ld} LDG.E.128 and {st} STG.E.128")
-        for arch, func, stack, local in resource_usage(cuobjdump, env, obj):
-            if stack or local:
-                failures.append(f"{name}: cuobjdump resource usage {func} ({arch}): STACK:{stack} LOCAL:{local}")
     return failures
 
 
-def negative_control(template_entry, work, tools):
-    """Compiles NEGATIVE_CONTROL with the build's flags; the checks must flag it."""
+def check_built_object(name, obj, tools, fast_paths, report):
+    """The same checks on the build's own object, without recompiling it
+    (cuobjdump needed): the resource usage of every function for every
+    architecture stands for the ptxas report (STACK and LOCAL must be 0: a
+    spill is a store to local memory and reserves a stack frame), and the
+    fast paths are checked in its embedded PTX and SASS. The objects carry
+    both (code=[compute_XX,sm_XX] for sm_80 and sm_90)."""
+    cuobjdump, env = tools
+    rows = resource_usage(cuobjdump, env, obj)  # none for host-only files (device.cu)
+    failures = []
+    pretty = demangle(sorted({func for _, func, _, _, _ in rows}))
+    archs_by_kernel = {}
+    for arch, func, stack, local, regs in rows:
+        archs_by_kernel.setdefault(func, set()).add(arch)
+        report.append((name, arch, pretty.get(func, func),
+                       {"regs": regs, "stack": stack, "spill_st": local, "spill_ld": local}))
+        if stack is None:
+            failures.append(f"{name}: no resource usage parsed for {func} ({arch})")
+        elif stack or local:
+            failures.append(f"{name}: {pretty.get(func, func)} on {arch}: {stack} bytes stack frame, "
+                            f"{local} bytes local memory")
+    for func, archs in archs_by_kernel.items():
+        missing = [a for a in REQUIRED_ARCHS if a not in archs]
+        if missing:
+            failures.append(f"{name}: {pretty.get(func, func)} not compiled for {', '.join(missing)}")
+    failures += check_fast_paths(name, obj, object_ptx_entries(cuobjdump, env, obj), tools, fast_paths,
+                                 report)
+    return failures
+
+
+def negative_control(template_entry, work, tools, built):
+    """Compiles NEGATIVE_CONTROL with the build's flags; the checks must flag
+    it (check_built_object's if `built`, else check_object's)."""
     src = os.path.join(work, "negative_control.cu")
     with open(src, "w") as f:
         f.write(NEGATIVE_CONTROL)
@@ -358,7 +433,11 @@ def negative_control(template_entry, work, tools):
         args.append(src if os.path.normpath(os.path.join(entry["directory"], a)) == template_entry["file"] else a)
     entry = {"file": src, "directory": entry["directory"], "args": args}
     name, obj, keep, proc = compile_one(entry, work, None)
-    failures = check_object(name, obj, keep, proc, tools, [(name, "CopyRowsKernelILi16E")], [])
+    control_paths = [(name, "CopyRowsKernelILi16E")]
+    if built and proc.returncode == 0:
+        failures = check_built_object(name, obj, tools, control_paths, [])
+    else:
+        failures = check_object(name, obj, keep, proc, tools, control_paths, [])
     spill = any("SpillingKernel" in f and ("stack frame" in f or "Local memory" in f) for f in failures)
     ptx128 = any("PTX of CopyRowsKernelILi16E" in f for f in failures)
     sass128 = any("SASS of CopyRowsKernelILi16E" in f for f in failures) or not tools[0]
@@ -386,6 +465,8 @@ def main():
                     help="compile NEW/... instead of OLD/... (check a modified copy of the tree)")
     ap.add_argument("--only", action="append", default=[], help="check only these .cu file names")
     ap.add_argument("--keep-work", action="store_true")
+    ap.add_argument("--recompile", action="store_true",
+                    help="recompile every file with -Xptxas -v even when the build's objects can be read")
     opts = ap.parse_args()
 
     source_map = tuple(opts.source_map.split("=", 1)) if opts.source_map else None
@@ -400,20 +481,36 @@ def main():
         log(f"note: {tools[1]}: SASS and resource-usage checks skipped, PTX check only")
         tools = (None, None)
 
+    # The build's own objects hold everything the checks read (SASS, PTX and
+    # resource usage of both architectures): with cuobjdump they are read
+    # directly, which costs nothing next to recompiling every file (about a
+    # minute of CI). Recompiling remains for a modified tree (--source-map),
+    # without cuobjdump (PTX and the ptxas report only), and on request.
+    objects = [object_path(e) for e in entries]
+    built = (tools[0] is not None and not source_map and not opts.recompile
+             and all(o and os.path.exists(o) for o in objects))
+    log("checking the build's objects (cuobjdump)" if built
+        else "recompiling every file with -Xptxas -v")
     work = tempfile.mkdtemp(prefix="tokensel-cuda-static-")
     failures, report = [], []
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=opts.jobs) as pool:
-            control = pool.submit(negative_control, entries[0], work, tools)
-            futures = [pool.submit(compile_one, e, work, source_map) for e in entries]
-            for fut in futures:
-                name, obj, keep, proc = fut.result()
-                failures += check_object(name, obj, keep, proc, tools, FAST_PATHS, report)
+            control = pool.submit(negative_control, entries[0], work, tools, built)
+            if built:
+                for e, obj in zip(entries, objects):
+                    failures += check_built_object(os.path.basename(e["file"]), obj, tools, FAST_PATHS, report)
+            else:
+                futures = [pool.submit(compile_one, e, work, source_map) for e in entries]
+                for fut in futures:
+                    name, obj, keep, proc = fut.result()
+                    failures += check_object(name, obj, keep, proc, tools, FAST_PATHS, report)
             control_problems = control.result()
     finally:
         if not opts.keep_work:
             shutil.rmtree(work, ignore_errors=True)
 
+    # Spill columns: ptxas' spill stores/loads, or (from the build's objects)
+    # the local memory bytes twice.
     log(f"{'file':<20} {'arch':<6} {'regs':>4} {'stack':>5} {'spill st/ld':>11}  kernel")
     for name, arch, kernel, k in report:
         if "regs" in k:
