@@ -328,6 +328,16 @@ def compile_one(entry, work, source_map):
     return name, obj, keep, r
 
 
+def missing_archs(name, archs_by_kernel, pretty):
+    """A failure for every kernel not built for all of REQUIRED_ARCHS."""
+    failures = []
+    for kernel, archs in archs_by_kernel.items():
+        missing = [a for a in REQUIRED_ARCHS if a not in archs]
+        if missing:
+            failures.append(f"{name}: {pretty.get(kernel, kernel)} not compiled for {', '.join(missing)}")
+    return failures
+
+
 def check_object(name, obj, keep, proc, tools, fast_paths, report):
     """Appends failures for one compiled file; returns them."""
     failures = []
@@ -346,10 +356,7 @@ def check_object(name, obj, keep, proc, tools, fast_paths, report):
         elif k["stack"] or k["spill_st"] or k["spill_ld"]:
             failures.append(f"{name}: {pretty.get(kernel, kernel)} on {arch}: {k['stack']} bytes stack frame, "
                             f"{k['spill_st']} bytes spill stores, {k['spill_ld']} bytes spill loads")
-    for kernel, archs in archs_by_kernel.items():
-        missing = [a for a in REQUIRED_ARCHS if a not in archs]
-        if missing:
-            failures.append(f"{name}: {pretty.get(kernel, kernel)} not compiled for {', '.join(missing)}")
+    failures += missing_archs(name, archs_by_kernel, pretty)
 
     cuobjdump, env = tools
     failures += check_fast_paths(name, obj, ptx_entries(keep), tools, fast_paths, report)
@@ -412,10 +419,7 @@ def check_built_object(name, obj, tools, fast_paths, report):
         elif stack or local:
             failures.append(f"{name}: {pretty.get(func, func)} on {arch}: {stack} bytes stack frame, "
                             f"{local} bytes local memory")
-    for func, archs in archs_by_kernel.items():
-        missing = [a for a in REQUIRED_ARCHS if a not in archs]
-        if missing:
-            failures.append(f"{name}: {pretty.get(func, func)} not compiled for {', '.join(missing)}")
+    failures += missing_archs(name, archs_by_kernel, pretty)
     failures += check_fast_paths(name, obj, object_ptx_entries(cuobjdump, env, obj), tools, fast_paths,
                                  report)
     return failures
