@@ -215,7 +215,7 @@ absl::Status StreamLease::LaunchAsync(core::OpArgs args, BlockPool::Block block)
     throw;
   }
   queued_ = true;
-  const absl::Status st = device_->Launch(args, {block.data, block.bytes}, stream_);
+  absl::Status st = device_->Launch(args, {block.data, block.bytes}, stream_);
   // A failed launch may have enqueued some of the op's kernels: its
   // workspace is held until the stream completes all the same, but Finish
   // does not run (the error is returned now).
