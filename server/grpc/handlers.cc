@@ -100,9 +100,13 @@ absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequ
     // No ops and no events: the session's barrier, which waits (within the
     // call's deadline) for its asynchronous Executes to complete.
     if (request.ops_size() == 0 && events.empty()) {
-      RETURN_IF_ERROR(deps_.async->WaitSession(session, [&options]() {
+      auto check = [&options]() {
         return options.stop != nullptr ? options.stop->Check() : absl::OkStatus();
-      }));
+      };
+      RETURN_IF_ERROR(deps_.async->WaitSession(session, check));
+      // A call that expired (or was cancelled) while it waited must not take
+      // the deferred error with it: its reply goes nowhere.
+      RETURN_IF_ERROR(check());
     }
     // An earlier asynchronous Execute failed on the device after its reply:
     // this Execute reports that, and runs nothing (docs/server.md).
