@@ -110,7 +110,7 @@ absl::Status Server::Init() {
       options_.max_buffers_total != 0 ? options_.max_buffers_total : DefaultMaxBuffersTotal();
   registry_ = std::make_unique<core::BufferRegistry>(
       host_memory_.get(), cuda_ipc_.get(), cuda_vmm_.get(), registry_limits, metrics_.get());
-  async_ = std::make_unique<core::AsyncRequests>(core::AsyncLimits());
+  async_ = std::make_unique<core::AsyncRequests>(core::AsyncLimits(), metrics_.get());
   core::SessionLimits session_limits;
   session_limits.default_ttl = options_.session_ttl;
   session_limits.max_ttl = std::max(options_.max_session_ttl, options_.session_ttl);
@@ -176,6 +176,11 @@ absl::Status Server::Init() {
     if (cuda_vmm_ != nullptr && memory::CudaVmmAvailable().ok()) {
       d.memory_kinds.push_back("cuda_vmm");
     }
+  }
+  d.ipc_events = backend_->ipc_events() == core::IpcEventSupport::kSupported;
+  if (d.ipc_events) {
+    d.max_async_executes_per_session = async_->limits().per_session;
+    d.max_async_executes = async_->limits().total;
   }
 
   FrontEndOptions front;

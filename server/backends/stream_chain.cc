@@ -1,8 +1,12 @@
 // StreamChain (contract and order of the device calls: stream_chain.h).
 #include "server/backends/stream_chain.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace tokensel::backends {
@@ -55,29 +59,61 @@ void StreamChain::AdoptStaging(BlockPool::Block pinned, BlockPool::Block device)
 
 void StreamChain::AdoptOp(PendingOp op) { work().ops.push_back(std::move(op)); }
 
+absl::Status StreamChain::AwaitWait(const kernels::StopToken* stop) {
+  if (wait_ == nullptr || async_) return absl::OkStatus();
+  auto backoff = std::chrono::microseconds(20);
+  while (true) {
+    // The client's latest record of the event: the one the stream waits on,
+    // or a later one (then this waits longer than the stream would, never
+    // shorter in the usual case of records in stream order).
+    ASSIGN_OR_RETURN(const bool done, device_->EventDone(wait_->get()));
+    if (done) return absl::OkStatus();
+    if (stop != nullptr) {
+      if (absl::Status st = stop->Check(); !st.ok()) {
+        abandoned_ = true;
+        return absl::Status(
+            st.code(), absl::StrCat("wait_event: not completed by the client: ", st.message()));
+      }
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(2 * backoff, std::chrono::microseconds(1000));
+  }
+}
+
+absl::Status StreamChain::HandOff() {
+  CompletionWork& w = work();
+  absl::StatusOr<StreamDevice::Event> event = device_->CreateEvent();
+  absl::Status marked = event.status();
+  if (event.ok()) {
+    w.done_event = *event;
+    marked = device_->RecordEvent(*event, w.stream, "the completion event");
+  }
+  if (marked.ok()) {
+    queue_->Push(&node_);  // no allocation: the node moves
+    return marked;
+  }
+  // No completion event: wait here instead (correct, only synchronous).
+  const absl::Status drained = device_->Drain(w.stream, absl::OkStatus());
+  queue_->Complete(w, drained);
+  return marked;
+}
+
 absl::Status StreamChain::Commit(DoneFn done) {
   if (committed_) return absl::FailedPreconditionError("cuda backend: a chain commits once");
   committed_ = true;
   CompletionWork& w = work();
   w.done = std::move(done);
+  // Abandoned while waiting for the client: nothing ran; the stream still
+  // waits on the client's event, so it is not drained here (that could
+  // block for ever) but completed off-thread; the client's record_event is
+  // not recorded (the request failed).
+  if (abandoned_) return HandOff();
   absl::Status recorded = absl::OkStatus();
   // After the last op (and its copies) on the stream: the client's wait on
   // this event orders its reads of the outputs after our writes.
   if (record_ != nullptr) recorded = device_->RecordEvent(record_->get(), w.stream, "record_event");
   if (async_) {
-    absl::StatusOr<StreamDevice::Event> event = device_->CreateEvent();
-    absl::Status marked = event.status();
-    if (event.ok()) {
-      w.done_event = *event;
-      marked = device_->RecordEvent(*event, w.stream, "the completion event");
-    }
-    if (marked.ok()) {
-      queue_->Push(&node_);  // no allocation: the node moves
-      return recorded;
-    }
-    // No completion event: wait here instead (correct, only synchronous).
-    const absl::Status drained = device_->Drain(w.stream, absl::OkStatus());
-    queue_->Complete(w, drained);
+    const absl::Status marked = HandOff();
     return recorded.ok() ? marked : recorded;
   }
   // Sync: every op synchronized its stream; what is still queued is the

@@ -16,6 +16,12 @@
 //              returns without waiting. If the private event cannot be made
 //              or recorded, the stream is drained here and the item
 //              completed at once (correct, only not asynchronous).
+// AwaitWait (sync chains): polls the client's wait event on the host
+// (EventDone, back-off 20 us doubling to 1 ms) until it completed, or until
+// the stop token fires: then the chain is abandoned, and Commit hands the
+// stream (whose only work is the wait) to the CompletionQueue without
+// recording the client's event, instead of draining it: a client event
+// that never completes costs a stream, not a thread.
 // A chain destroyed without Commit (the request failed before it got
 // there) drains its stream and returns everything, calling no `done`.
 // The chain keeps its two events (IpcEvent, shared with the session's
@@ -50,6 +56,7 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   bool async() const override { return async_; }
   absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginOp(std::string label) override;
   void Hold(std::shared_ptr<void> keep) override;
+  absl::Status AwaitWait(const kernels::StopToken* stop) override;
   absl::Status Commit(DoneFn done) override;
 
   StreamDevice::Stream stream() const { return work().stream; }
@@ -58,6 +65,10 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   StreamChain(StreamDevice* device, StreamPools pools, CompletionQueue* queue, bool async);
   CompletionWork& work() { return node_.front(); }
   const CompletionWork& work() const { return node_.front(); }
+  // Records the private completion event and splices the work into the
+  // queue; if the event cannot be made or recorded, drains and completes
+  // here. The event's error, if any.
+  absl::Status HandOff();
   // LeaseSink.
   void AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) override;
   void AdoptOp(PendingOp op) override;
@@ -70,6 +81,7 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   std::shared_ptr<IpcEvent> record_;
   std::list<CompletionWork> node_;  // one item; spliced into the queue by Commit
   bool committed_ = false;
+  bool abandoned_ = false;  // AwaitWait stopped: Commit hands off, records nothing
 };
 
 }  // namespace tokensel::backends

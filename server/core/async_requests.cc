@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/service_metrics.h"
 
 namespace tokensel::core {
 namespace {
@@ -44,15 +45,19 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
   Session& s = sessions_[session];
   if (s.inflight >= limits_.per_session || inflight_ >= limits_.total) {
     ++rejected_;
+    if (metrics_ != nullptr) metrics_->CountRefusedEventExecute();
     const bool mine = s.inflight >= limits_.per_session;
     return absl::ResourceExhaustedError(absl::StrCat(
-        "record_event: ", mine ? s.inflight : inflight_, " asynchronous Executes in flight ",
+        "CUDA IPC events: ", mine ? s.inflight : inflight_,
+        " Executes with events in flight (answered before completion, or waiting on a client "
+        "event) ",
         mine ? "in this session" : "in the server", ", the limit is ",
         mine ? limits_.per_session : limits_.total,
         "; wait on an earlier record_event (or send an Execute with no ops and no events) first"));
   }
   ++s.inflight;
   ++inflight_;
+  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_);
   return Ticket(this, session, ++s.admitted);
 }
 
@@ -60,6 +65,7 @@ void AsyncRequests::Complete(const std::string& session, uint64_t number,
                              const absl::Status& status) {
   tokensel::MutexLock lock(&mu_);
   --inflight_;
+  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;  // unreachable: a session with a ticket stays
   --it->second.inflight;

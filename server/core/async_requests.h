@@ -1,7 +1,9 @@
 // AsyncRequests: the Executes the server answered before their device work
 // completed (a record_event and no inline output: RequestChain's async
 // mode), per session: how many are in flight (bounded), and the first error
-// their device work reported after the reply (the deferred error).
+// their device work reported after the reply (the deferred error). Sync
+// Executes that wait on a client event are admitted too (their stream may
+// be left waiting on it: RequestChain::AwaitWait), never with an error.
 //
 //   ASSIGN_OR_RETURN(AsyncRequests::Ticket t, async.Admit(session));
 //   ... chain->Commit([t = std::move(t)](absl::Status s) mutable { t.Complete(s); });
@@ -41,6 +43,8 @@
 
 namespace tokensel::core {
 
+class ServiceMetrics;
+
 struct AsyncLimits {
   uint32_t per_session = 16;  // async Executes in flight per session
   uint32_t total = 256;       // ... in the whole server
@@ -70,7 +74,9 @@ class AsyncRequests {
     uint64_t number_ = 0;
   };
 
-  explicit AsyncRequests(AsyncLimits limits) : limits_(limits) {}
+  // `metrics` (may be null): tokensel_event_executes and the refusals.
+  explicit AsyncRequests(AsyncLimits limits, ServiceMetrics* metrics = nullptr)
+      : limits_(limits), metrics_(metrics) {}
   ~AsyncRequests();  // waits for every ticket (none may outlive this)
 
   absl::StatusOr<Ticket> Admit(const std::string& session);
@@ -97,6 +103,7 @@ class AsyncRequests {
   void MaybeErase(std::map<std::string, Session>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AsyncLimits limits_;
+  ServiceMetrics* const metrics_;
   mutable tokensel::Mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint32_t inflight_ ABSL_GUARDED_BY(mu_) = 0;

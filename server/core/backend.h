@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/ops.h"
+#include "kernels/stop.h"
 #include "server/core/region.h"
 #include "server/core/request.h"
 
@@ -150,8 +151,9 @@ class RequestLease {
 // returns everything. Commit must be called (on every path once BeginChain
 // succeeded, errors included, so that what was launched is waited for and
 // the client's event is recorded); a chain destroyed without Commit drains
-// its stream first. In async mode `done` is called exactly once, possibly
-// before Commit returns; in sync mode never. Used by one thread.
+// its stream first. `done` (may be empty) is called exactly once when the
+// chain's stream is released, possibly before Commit returns; with the
+// first device error in async mode, else OK. Used by one thread.
 class RequestChain {
  public:
   using DoneFn = std::function<void(absl::Status)>;
@@ -162,6 +164,14 @@ class RequestChain {
   virtual absl::StatusOr<std::unique_ptr<RequestLease>> BeginOp(std::string label) = 0;
   // Kept alive until the device work completed (async) or the chain ends.
   virtual void Hold(std::shared_ptr<void> keep) = 0;
+  // Sync chains, before the first op: waits on the host, polling, until
+  // the client's wait_event completed (OK at once without one), or until
+  // `stop` (may be null) fires: then its error, and the chain is
+  // abandoned: Commit records nothing and, instead of synchronizing the
+  // stream (which would block on a client event that may never complete),
+  // hands it to the completion thread. So a sync request blocks its thread
+  // at most until its deadline.
+  virtual absl::Status AwaitWait(const kernels::StopToken* stop) = 0;
   // Records record_event; async: hands the work to the completion thread.
   // The error of the record, if any (the work is handed over regardless).
   virtual absl::Status Commit(DoneFn done) = 0;

@@ -28,8 +28,10 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   // outputs are in the reply, so their request completes first (the event
   // is still recorded after the last op).
   const bool async = !events.record.empty() && !inline_outputs && options.async != nullptr;
+  // Counted (and capped) too: a sync request that waits on a client event,
+  // which may leave its stream behind waiting (RequestChain::AwaitWait).
   std::optional<AsyncRequests::Ticket> ticket;
-  if (async) {
+  if (options.async != nullptr && (async || !events.wait.empty())) {
     ASSIGN_OR_RETURN(ticket, options.async->Admit(session));
   }
   // One device for the whole request (its by-reference tensors decide), so
@@ -45,7 +47,9 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   std::vector<OpResult> results;
   results.reserve(ops.size());
   std::vector<BufferLease> keep;
-  absl::Status status;
+  // Sync: the host waits for the client's event first, within the call's
+  // deadline (Finish's synchronization could not be interrupted).
+  absl::Status status = chain->AwaitWait(options.stop);
   for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
     const std::string label = absl::StrCat("ops[", i, "] (", OpName(ops[i]), ")");
     absl::StatusOr<std::unique_ptr<RequestLease>> lease = chain->BeginOp(label);
@@ -75,9 +79,12 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     for (BufferLease& l : keep) chain->Hold(std::make_shared<BufferLease>(std::move(l)));
     chain->Hold(std::make_shared<MemoryBudget::Reservation>(std::move(own)));
     chain->Hold(std::make_shared<BackendRoute>(std::move(route)));
+  }
+  if (ticket.has_value()) {
     auto shared = std::make_shared<AsyncRequests::Ticket>(std::move(*ticket));
-    // A request that already answered an error keeps no deferred one.
-    const bool report = status.ok();
+    // Only an async request that answered OK can have a deferred error;
+    // the others answered their error themselves.
+    const bool report = async && status.ok();
     done = [shared, report](const absl::Status& deferred) {
       shared->Complete(report ? deferred : absl::OkStatus());
     };

@@ -28,6 +28,7 @@
 #include "server/core/buffer_registry.h"
 #include "server/core/executor.h"
 #include "server/memory/cuda_ipc_mapper.h"
+#include "tests/server/backends/stream_chain_test.h"
 #include "tests/server/core/fake_region_mapper.h"
 #include "tests/testing/gpu_device.h"
 #include "tests/testing/status_matchers.h"
@@ -100,15 +101,6 @@ class EventClient {
   std::string uuid_;
 };
 
-core::TensorSpec Buf(const std::string& name, kernels::DType dtype, std::vector<int64_t> shape) {
-  core::TensorSpec spec;
-  spec.source = core::TensorSpec::Source::kBuffer;
-  spec.buffer = name;
-  spec.dtype = dtype;
-  spec.shape = std::move(shape);
-  return spec;
-}
-
 TEST(CudaEventsGpuTest, OutputsAfterRecordEventMatchTheCpu) {
   TOKENSEL_REQUIRE_GPU();
   EventClient client;
@@ -131,9 +123,9 @@ TEST(CudaEventsGpuTest, OutputsAfterRecordEventMatchTheCpu) {
                                 core::CudaIpcSpec{client.handle(2), client.uuid(), 0, out_bytes}));
     core::Executor executor(cuda->get(), &registry, nullptr, core::ExecutorLimits(), nullptr);
     core::GatherTokensRequest req;
-    req.activations = Buf("acts", kernels::DType::kFloat32, {kB, kS, kC});
-    req.indices = Buf("idx", kernels::DType::kInt32, {kB, kR});
-    req.out = Buf("out", kernels::DType::kFloat32, {kB, kR, kC});
+    req.activations = DeviceBuf("acts", kernels::DType::kFloat32, {kB, kS, kC});
+    req.indices = DeviceBuf("idx", kernels::DType::kInt32, {kB, kR});
+    req.out = DeviceBuf("out", kernels::DType::kFloat32, {kB, kR, kC});
     const core::IpcEvents events{client.handle(3), client.handle(4)};
     core::RunOptions options;
     options.events = &events;

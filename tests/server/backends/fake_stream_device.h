@@ -7,7 +7,8 @@
 // its kernels are the CPU's. Failures are injectable. CountingPool: a
 // BlockPool over malloc that counts allocations and frees (new blocks are
 // filled with 0xAB, stale bytes as a reused block has) and can fail.
-// LeasePools: the three pools of a lease over CountingPool; BeginLease.
+// LeasePools: the three pools of a lease over CountingPool; BeginLease;
+// StreamBackend.
 // Events (stream_chain_test.cc): OpenIpcEvent / CreateEvent make FakeEvents
 // ("wait" and "record" are logged on their stream; a handle whose first
 // byte is 0xFF is refused as the driver refuses a bad one); a record is
@@ -29,6 +30,7 @@
 #include <memory>
 #include <new>
 #include <ostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -132,6 +134,9 @@ class FakeStreamDevice final : public StreamDevice {
     }
     ++ipc_opens;
     events_.push_back(std::make_unique<FakeEvent>(FakeEvent{std::string(handle)}));
+    // A client event whose work has not completed (the client's stream is
+    // busy): until ClientEventDone.
+    if (pending_handles.count(std::string(handle)) > 0) events_.back()->done = false;
     return static_cast<Event>(events_.back().get());
   }
   absl::StatusOr<Event> CreateEvent() override {
@@ -167,6 +172,13 @@ class FakeStreamDevice final : public StreamDevice {
     for (auto& f : queue_[s]) f();
     queue_[s].clear();
   }
+  // The client's work before its event completed.
+  void ClientEventDone(const std::string& handle) {
+    pending_handles.erase(handle);
+    for (auto& e : events_) {
+      if (e->handle == handle) e->done = true;
+    }
+  }
   size_t live_events() const {
     size_t n = 0;
     for (const auto& e : events_) n += e->destroyed ? 0 : 1;
@@ -175,6 +187,7 @@ class FakeStreamDevice final : public StreamDevice {
 
   std::vector<Call> log;
   int ipc_opens = 0;
+  std::set<std::string> pending_handles;  // opened as not completed
   int events_destroyed = 0;
   bool fail_create_event = false;
   bool fail_event_query = false;
@@ -286,6 +299,39 @@ inline std::unique_ptr<backends::StreamLease> BeginLease(StreamDevice* device, L
   EXPECT_TRUE(lease.ok()) << lease.status();
   return lease.ok() ? *std::move(lease) : nullptr;
 }
+
+// A backend whose requests run under a StreamLease on `device` (the
+// executor tests); its direct staging and RunOp refuse (a request must go
+// through its lease).
+class StreamBackend : public core::Backend {
+ public:
+  StreamBackend(StreamDevice* device, backends::StreamPools pools)
+      : device_(device), pools_(pools) {}
+  absl::string_view name() const override { return "fake-stream"; }
+  bool CanAccess(core::MemoryKind) const override { return true; }
+  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
+    ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamLease> lease,
+                     backends::StreamLease::Begin(device_, pools_));
+    return std::unique_ptr<core::RequestLease>(std::move(lease));
+  }
+  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status CopyToStaging(const Staging&, const void*, uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status CopyFromStaging(void*, const Staging&, uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status RunOp(core::OpArgs) override {
+    return absl::InternalError("the executor must run through its lease");
+  }
+  uint64_t OpScratchBytes(core::OpArgs) const override { return 1 << 20; }
+
+ protected:
+  StreamDevice* const device_;
+  const backends::StreamPools pools_;
+};
 
 }  // namespace tokensel::testing
 

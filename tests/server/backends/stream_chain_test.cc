@@ -176,11 +176,56 @@ TEST_F(ChainTest, TheAsyncCapsRefuseBeforeAnythingRuns) {
   EXPECT_EQ(fourth.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(fourth.status().message(), HasSubstr("in the server"));
   EXPECT_EQ(async_.rejected(), 2u);
-  // Without a record_event nothing is async: not capped.
-  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
+  // Neither answered early nor waiting on the client: not capped.
+  ASSERT_OK(Execute({Gather("acts", "idx", "")}, "", Handle('r'), "t"));
+  // A request that waits on a client event is capped too (its stream may
+  // be left waiting).
+  EXPECT_THAT(Execute({Gather("acts", "idx", "")}, Handle('w'), "", "t").status(),
+              StatusIs(StatusCode::kResourceExhausted));
   backend_.queue().Shutdown();  // completes the three (drains their streams)
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(pools_.InUse(), 0u);
+}
+
+// A stop token that has fired (the call's deadline passed).
+class Expired final : public kernels::StopToken {
+ public:
+  absl::Status Check() const override { return absl::DeadlineExceededError("deadline passed"); }
+};
+
+TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  device_.pending_handles.insert(Handle('p'));
+  const Expired expired;
+  events_ = core::IpcEvents{Handle('p'), ""};
+  core::RunOptions options;
+  options.events = &events_;
+  options.async = &async_;
+  options.stop = &expired;
+  const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
+  EXPECT_THAT(executor_.RunAll("s", ops, options).status(),
+              StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
+  const StreamDevice::Stream s = LastStream();
+  // Nothing ran, nothing synchronized on the host: the stream (still
+  // waiting on the client's event) went to the completion queue.
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"complete", s}));
+  EXPECT_EQ(backend_.queue().pending(), 1u);
+  EXPECT_EQ(async_.inflight("s"), 1u) << "counted against the caps while it waits";
+  EXPECT_EQ(out[0], 0.f);
+  // The same request without a deadline problem, once the client is done:
+  // it runs (the host poll saw the event complete).
+  device_.ClientEventDone(Handle('p'));
+  options.stop = nullptr;
+  ASSERT_OK(executor_.RunAll("s", ops, options));
+  EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_OK(async_.TakeDeferred("s")) << "the request answered its error itself";
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 2u);
 }
 
 }  // namespace

@@ -31,21 +31,15 @@
 
 namespace tokensel::testing {
 
-class ChainBackend final : public core::Backend {
+// StreamBackend (fake_stream_device.h) with CUDA IPC events, as
+// CudaBackend has them.
+class ChainBackend final : public StreamBackend {
  public:
   ChainBackend(FakeStreamDevice* device, backends::StreamPools pools, size_t events_per_session)
-      : device_(device),
-        pools_(pools),
+      : StreamBackend(device, pools),
         queue_(device, pools, /*own_thread=*/false),
         events_(device, events_per_session) {}
-  absl::string_view name() const override { return "fake-stream"; }
   core::IpcEventSupport ipc_events() const override { return core::IpcEventSupport::kSupported; }
-  bool CanAccess(core::MemoryKind) const override { return true; }
-  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
-    ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamLease> lease,
-                     backends::StreamLease::Begin(device_, pools_));
-    return std::unique_ptr<core::RequestLease>(std::move(lease));
-  }
   // As CudaBackend::BeginChain.
   absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
                                                                  const core::IpcEvents& events,
@@ -65,29 +59,25 @@ class ChainBackend final : public core::Backend {
     return std::unique_ptr<core::RequestChain>(std::move(chain));
   }
   void EndSession(const std::string& session) override { events_.EndSession(session); }
-  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t) override {
-    return absl::InternalError("the executor must stage through its lease");
-  }
-  absl::Status CopyToStaging(const Staging&, const void*, uint64_t) override {
-    return absl::InternalError("the executor must stage through its lease");
-  }
-  absl::Status CopyFromStaging(void*, const Staging&, uint64_t) override {
-    return absl::InternalError("the executor must stage through its lease");
-  }
-  absl::Status RunOp(core::OpArgs) override {
-    return absl::InternalError("the executor must run through its lease");
-  }
-  uint64_t OpScratchBytes(core::OpArgs) const override { return 1 << 20; }
 
   backends::CompletionQueue& queue() { return queue_; }
   backends::IpcEventCache& events() { return events_; }
 
  private:
-  FakeStreamDevice* const device_;
-  const backends::StreamPools pools_;
   backends::CompletionQueue queue_;
   backends::IpcEventCache events_;
 };
+
+// A by-reference tensor spec.
+inline core::TensorSpec DeviceBuf(const std::string& name, kernels::DType dtype,
+                                  std::vector<int64_t> shape) {
+  core::TensorSpec spec;
+  spec.source = core::TensorSpec::Source::kBuffer;
+  spec.buffer = name;
+  spec.dtype = dtype;
+  spec.shape = std::move(shape);
+  return spec;
+}
 
 class ChainTest : public ::testing::Test {
  protected:
@@ -105,12 +95,7 @@ class ChainTest : public ::testing::Test {
   }
   static core::TensorSpec Buf(const std::string& name, kernels::DType dtype,
                               std::vector<int64_t> shape) {
-    core::TensorSpec spec;
-    spec.source = core::TensorSpec::Source::kBuffer;
-    spec.buffer = name;
-    spec.dtype = dtype;
-    spec.shape = std::move(shape);
-    return spec;
+    return DeviceBuf(name, dtype, std::move(shape));
   }
   // GatherTokens [2,3,2] fp32 by R=2 indices into `out` (a buffer, or
   // inline when empty).

@@ -100,6 +100,15 @@ class ServerEventsTest : public ::testing::Test {
   std::string session_;
 };
 
+TEST_F(ServerEventsTest, ServerInfoSaysEventsAreServedAndTheCaps) {
+  grpc::ClientContext ctx;
+  v1::ServerInfo info;
+  ASSERT_OK(ToAbsl(server_->stub().GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info)));
+  EXPECT_TRUE(info.ipc_events());
+  EXPECT_EQ(info.limits().max_async_executes_per_session(), 16u);
+  EXPECT_EQ(info.limits().max_async_executes(), 256u);
+}
+
 TEST_F(ServerEventsTest, AHandleOfTheWrongSizeIsInvalidArgument) {
   v1::ExecuteRequest req = Gather();
   req.set_wait_event("abc");
