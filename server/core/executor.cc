@@ -164,22 +164,28 @@ absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
   });
 }
 
-uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
+void Executor::MeasureInline(const OpRequest& op, uint64_t* bytes, size_t* count) const {
   static const std::string no_session;
   Resolver resolver(backend_, nullptr, registry_, no_session, limits_.max_inline_bytes, nullptr,
                     /*measure_only=*/true);
   OpContext ctx{resolver, *backend_, nullptr, nullptr, nullptr, OpName(op)};
   const absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
-  return status.ok() ? resolver.inline_output_bytes() : 0;
+  *bytes = status.ok() ? resolver.inline_output_bytes() : 0;
+  *count = status.ok() ? resolver.inline_outputs() : 0;
+}
+
+uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
+  uint64_t bytes = 0;
+  size_t count = 0;
+  MeasureInline(op, &bytes, &count);
+  return bytes;
 }
 
 size_t Executor::InlineOutputs(const OpRequest& op) const {
-  static const std::string no_session;
-  Resolver resolver(backend_, nullptr, registry_, no_session, limits_.max_inline_bytes, nullptr,
-                    /*measure_only=*/true);
-  OpContext ctx{resolver, *backend_, nullptr, nullptr, nullptr, OpName(op)};
-  const absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
-  return status.ok() ? resolver.inline_outputs() : 0;
+  uint64_t bytes = 0;
+  size_t count = 0;
+  MeasureInline(op, &bytes, &count);
+  return count;
 }
 
 absl::Status Executor::CheckResponse(absl::Span<const OpRequest> ops) const {

@@ -130,6 +130,8 @@ class Executor {
   absl::Status CheckResponse(absl::Span<const OpRequest> ops) const;
   // How many tensors `op` returns inline (0 for invalid specs).
   size_t InlineOutputs(const OpRequest& op) const;
+  // Both, from one resolution in measure mode.
+  void MeasureInline(const OpRequest& op, uint64_t* bytes, size_t* count) const;
   // Resolves and runs `op` on `backend` under `lease` into `result`;
   // `staged` receives the staging bytes reserved (the caller gives them
   // back after ending the lease). With `keep` (an async chain) the op's
