@@ -26,7 +26,9 @@
 // recording one signals whoever waits on it, which is what knowing the
 // handle allows anyway.
 //
-// Thread-safe; events are destroyed outside the lock. The device outlives
+// Thread-safe; opens are serialized by the cache's lock (as the memory
+// mapper's are: a handle is never opened twice at once); events are
+// destroyed outside the lock. The device outlives
 // the cache and every IpcEvent.
 #ifndef TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
 #define TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
