@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -160,6 +161,24 @@ TEST_F(ServerEventsTest, TheBarrierReturnsOnceTheSessionsWorkCompleted) {
   EXPECT_EQ(backend_.queue().Poll(), 1);
   EXPECT_OK(Execute(v1::ExecuteRequest(), &response, std::chrono::milliseconds(1000)));
   EXPECT_EQ(pools_.InUse(), 0u);
+}
+
+TEST_F(ServerEventsTest, ShutdownWaitsForTheAsyncWorkBeforeTearingDown) {
+  v1::ExecuteRequest async;
+  async.set_record_event(std::string(64, 'r'));
+  v1::ExecuteResponse response;
+  ASSERT_OK(Execute(async, &response));
+  const FakeStreamDevice::Stream s = device_.log.back().stream;
+  // The device gets there later, while the server shuts down (the server's
+  // own threads do not touch the fake until the work completed).
+  std::thread device([this, s] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    device_.Progress(s);
+    backend_.queue().Poll();
+  });
+  server_.reset();
+  EXPECT_EQ(device_.free_streams(), 1u) << "the server waited for the work before going";
+  device.join();
 }
 
 }  // namespace
