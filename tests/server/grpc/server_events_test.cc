@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/server/backends/stream_chain_test.h"
 #include "tests/server/grpc/grpc_test_util.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::server::testing {
@@ -132,6 +133,12 @@ TEST_F(ServerEventsTest, TheNextExecuteReturnsTheDeferredErrorAndRunsNothing) {
   // The barrier (no ops, no events) waits for it: here past its deadline.
   EXPECT_THAT(Execute(v1::ExecuteRequest(), &response, std::chrono::milliseconds(100)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // The client gave up; the server's handler may still be in its wait for a
+  // moment (it checks the call every few ms). Whenever it notices, it must
+  // not take the error with it: the test lets the work complete only after
+  // the handler is gone, as a real client's next call would come after.
+  EXPECT_TRUE(
+      tokensel::testing::Eventually([&] { return server_->server().admission().inflight() == 0; }));
   // The device fails the request's work after the reply.
   device_.fail_event_query = true;
   EXPECT_EQ(backend_.queue().Poll(), 1);
