@@ -110,6 +110,7 @@ absl::Status Server::Init() {
       options_.max_buffers_total != 0 ? options_.max_buffers_total : DefaultMaxBuffersTotal();
   registry_ = std::make_unique<core::BufferRegistry>(
       host_memory_.get(), cuda_ipc_.get(), cuda_vmm_.get(), registry_limits, metrics_.get());
+  async_ = std::make_unique<core::AsyncRequests>(core::AsyncLimits(), metrics_.get());
   core::SessionLimits session_limits;
   session_limits.default_ttl = options_.session_ttl;
   session_limits.max_ttl = std::max(options_.max_session_ttl, options_.session_ttl);
@@ -120,6 +121,11 @@ absl::Status Server::Init() {
       [this](const std::string& session) {
         registry_->UnregisterAll(session);
         tickets_->DropSession(session);
+        // Its async Executes still in flight keep what they use (buffer
+        // leases, reservation) and complete; its deferred error and its
+        // opened events go.
+        async_->EndSession(session);
+        backend_->EndSession(session);
       },
       metrics_.get());
   tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(), cuda_vmm_.get(),
@@ -146,6 +152,7 @@ absl::Status Server::Init() {
   deps.registry = registry_.get();
   deps.admission = admission_.get();
   deps.executor = executor_.get();
+  deps.async = async_.get();
   deps.metrics = metrics_.get();
   deps.tickets = tickets_.get();
   core::ServerDescription& d = deps.description;
@@ -169,6 +176,11 @@ absl::Status Server::Init() {
     if (cuda_vmm_ != nullptr && memory::CudaVmmAvailable().ok()) {
       d.memory_kinds.push_back("cuda_vmm");
     }
+  }
+  d.ipc_events = backend_->ipc_events() == core::IpcEventSupport::kSupported;
+  if (d.ipc_events) {
+    d.max_async_executes_per_session = async_->limits().per_session;
+    d.max_async_executes = async_->limits().total;
   }
 
   FrontEndOptions front;
@@ -247,6 +259,16 @@ void Server::Shutdown(absl::Duration grace) {
     grpc_deadline = std::min(deadline, absl::Now() + kIdleStreamGrace);
   }
   if (front_end_ != nullptr) front_end_->Stop(grpc_deadline);
+  // Async Executes answered before their device work completed still hold
+  // buffer leases, reservations and the backend's streams: they complete
+  // before any of those is destroyed (the device finishes them; nothing can
+  // cut a stream short). A client event that never completes keeps the
+  // server here, which the log says.
+  if (async_ != nullptr && !async_->WaitAll(std::max(deadline - absl::Now(), kIdleStreamGrace))) {
+    TS_LOG(WARNING) << "shutdown: " << async_->inflight()
+                    << " asynchronous Execute(s) still waiting for the device; waiting on";
+    async_->WaitAll(absl::InfiniteDuration());
+  }
   {
     tokensel::MutexLock lock(&mu_);
     stop_reaper_ = true;

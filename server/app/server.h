@@ -160,6 +160,9 @@ class Server {
   std::unique_ptr<core::MemoryBudget> budget_;
   std::unique_ptr<core::Admission> admission_;
   std::unique_ptr<core::Executor> executor_;
+  // After the registry, budget and executor: destroyed before them, once
+  // every async Execute (which holds their objects) completed.
+  std::unique_ptr<core::AsyncRequests> async_;
   std::unique_ptr<GrpcFrontEnd> front_end_;
   std::unique_ptr<core::HealthWatch> health_watch_;
   std::unique_ptr<prometheus::Exposer> exposer_;

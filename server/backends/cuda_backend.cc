@@ -99,7 +99,9 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
           [ordinal = device_.ordinal](void* p) {
             (void)cudaSetDevice(ordinal);
             (void)cudaFreeHost(p);
-          }) {}
+          }),
+      completions_(this, StreamPools{&pinned_, &staging_, &workspaces_}),
+      events_(this) {}
 
 absl::StatusOr<void*> CudaBackend::AllocateDevice(size_t bytes, absl::string_view what) {
   RETURN_IF_ERROR(Activate(what));
@@ -183,6 +185,9 @@ absl::Status CudaBackend::Init(int streams) {
 }
 
 CudaBackend::~CudaBackend() {
+  // Async requests still in flight hold streams and pool blocks: they
+  // complete (the queue waits for their events) before any is destroyed.
+  completions_.Shutdown();
   cudaSetDevice(device_.ordinal);
   absl::MutexLock lock(&mu_);
   for (kc::Stream s : all_streams_) {

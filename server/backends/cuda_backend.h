@@ -68,6 +68,8 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "server/backends/block_pool.h"
+#include "server/backends/completion_queue.h"
+#include "server/backends/ipc_event_cache.h"
 #include "server/backends/stream_lease.h"
 #include "server/core/backend.h"
 
@@ -83,9 +85,7 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   ~CudaBackend() override;
 
   absl::string_view name() const override { return "cuda"; }
-  core::IpcEventSupport ipc_events() const override {
-    return core::IpcEventSupport::kNotImplemented;
-  }
+  core::IpcEventSupport ipc_events() const override { return core::IpcEventSupport::kSupported; }
   bool CanAccess(core::MemoryKind kind) const override {
     return kind == core::MemoryKind::kCudaDevice;
   }
@@ -105,6 +105,13 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   // The request's lease: a stream, pooled staging, a workspace while the op
   // runs (StreamLease). UNAVAILABLE once the device is out of service.
   absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override;
+  // A request with CUDA IPC events (StreamChain; its events from the
+  // session's IpcEventCache, opened on this device). Async chains complete
+  // on this backend's CompletionQueue thread (cuda_backend_events.cc).
+  absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
+                                                                 const core::IpcEvents& events,
+                                                                 bool async) override;
+  void EndSession(const std::string& session) override;
   absl::Status RunOp(core::OpArgs args) override;
   // The device workspace RunOp(args) may allocate: the op's WorkspaceBytes
   // rounded up to the allocation granule (saturating; 0 for metadata that
@@ -143,6 +150,15 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   absl::Status Drain(kernels::cuda::Stream stream, absl::Status status) override;
   // UNAVAILABLE once failed, else OK: checked before touching the device.
   absl::Status CheckUsable() const override;
+  // Events (cuda_backend_events.cc).
+  absl::StatusOr<Event> OpenIpcEvent(absl::string_view handle, absl::string_view field) override;
+  absl::StatusOr<Event> CreateEvent() override;
+  void DestroyEvent(Event event) override;
+  absl::Status WaitEvent(kernels::cuda::Stream stream, Event event,
+                         absl::string_view field) override;
+  absl::Status RecordEvent(Event event, kernels::cuda::Stream stream,
+                           absl::string_view field) override;
+  absl::StatusOr<bool> EventDone(Event event) override;
 
   // The pools' allocators (RESOURCE_EXHAUSTED when the memory is not there;
   // a sticky error marks the device failed).
@@ -176,6 +192,10 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   BlockPool workspaces_;
   BlockPool staging_;
   BlockPool pinned_;
+  // After the pools (destroyed before them): the async requests still
+  // holding blocks and streams; the destructor shuts it down first of all.
+  CompletionQueue completions_;
+  IpcEventCache events_;  // destroyed first: its events need the device
 };
 
 // The CUDA backend when this build has one (server/backends/cuda_backend.cc),

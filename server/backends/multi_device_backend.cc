@@ -147,6 +147,17 @@ absl::StatusOr<std::unique_ptr<core::RequestLease>> MultiDeviceBackend::BeginReq
   return (*only)->BeginRequest();
 }
 
+absl::StatusOr<std::unique_ptr<core::RequestChain>> MultiDeviceBackend::BeginChain(
+    const std::string& session, const core::IpcEvents& events, bool async) {
+  absl::StatusOr<core::Backend*> only = Only("BeginChain");
+  if (!only.ok()) return only.status();
+  return (*only)->BeginChain(session, events, async);
+}
+
+void MultiDeviceBackend::EndSession(const std::string& session) {
+  for (const Device& d : devices_) d.backend->EndSession(session);
+}
+
 absl::StatusOr<std::unique_ptr<core::Backend::Staging>> MultiDeviceBackend::AllocateStaging(
     uint64_t bytes) {
   absl::StatusOr<core::Backend*> only = Only("AllocateStaging");

@@ -77,6 +77,11 @@ class MultiDeviceBackend final : public core::Backend {
       absl::FunctionRef<std::vector<core::TensorPlacement>()> placements) override;
 
   absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override;
+  // The only device's (the executor asks the routed device directly).
+  absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
+                                                                 const core::IpcEvents& events,
+                                                                 bool async) override;
+  void EndSession(const std::string& session) override;  // every device's
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override;
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;

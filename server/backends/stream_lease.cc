@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <variant>
 
@@ -20,6 +21,17 @@ absl::StatusOr<std::unique_ptr<StreamLease>> StreamLease::Begin(StreamDevice* de
   std::unique_ptr<StreamLease> lease(new StreamLease(device, pools));
   ASSIGN_OR_RETURN(lease->stream_, device->AcquireStream());
   lease->has_stream_ = true;
+  return lease;
+}
+
+std::unique_ptr<StreamLease> StreamLease::OnChain(StreamDevice* device, StreamPools pools,
+                                                  StreamDevice::Stream stream, LeaseSink* sink,
+                                                  bool async, std::string label) {
+  std::unique_ptr<StreamLease> lease(new StreamLease(device, pools));
+  lease->stream_ = stream;  // borrowed: has_stream_ stays false
+  lease->sink_ = sink;
+  lease->async_ = async && sink != nullptr;
+  lease->label_ = std::move(label);
   return lease;
 }
 
@@ -52,11 +64,33 @@ class WorkspaceGuard {
 
 }  // namespace
 
+bool StreamLease::HandOver() noexcept {
+  // One item at a time, popped once the sink has it: if an Adopt throws,
+  // what is left is still the lease's alone (nothing is released twice).
+  try {
+    while (!entries_.empty()) {
+      sink_->AdoptStaging(entries_.back().pinned, entries_.back().device);
+      entries_.pop_back();
+    }
+    while (!pending_.empty()) {
+      sink_->AdoptOp(std::move(pending_.back()));
+      pending_.pop_back();
+    }
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
 StreamLease::~StreamLease() {
+  // Async chain: the work stays queued and the chain holds its memory until
+  // the stream completes it; no drain on the request thread.
+  if (async_ && HandOver()) return;
   // Copies (or kernels) may still be queued on the stream when the request
   // ends early: their blocks go back to the pools only once they are done,
   // or the next request would share memory with them.
   if (queued_) (void)device_->Drain(stream_, absl::OkStatus());
+  for (LeaseSink::PendingOp& op : pending_) pools_.workspaces->Release(op.workspace);
   for (Entry& e : entries_) {
     pools_.pinned->Release(e.pinned);
     pools_.staging->Release(e.device);
@@ -131,8 +165,19 @@ absl::Status StreamLease::RunOp(core::OpArgs args) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda backend: a workspace of ", ws_bytes, " bytes"));
   }
+  if (async_) {
+    // An async request returns no inline output (the executor decides so
+    // before it starts): nothing may need copying back.
+    for (const Entry& e : entries_) {
+      if (e.read_back && e.bytes > 0) {
+        return absl::FailedPreconditionError(
+            "cuda backend: an asynchronous request cannot read back inline outputs");
+      }
+    }
+  }
   ASSIGN_OR_RETURN(const BlockPool::Block block,
                    pools_.workspaces->Acquire(static_cast<size_t>(ws_bytes)));
+  if (async_) return LaunchAsync(args, block);
   WorkspaceGuard workspace(device_, stream_, pools_.workspaces, block);
   const kernels::cuda::Workspace ws{block.data, block.bytes};
   queued_ = true;
@@ -155,6 +200,26 @@ absl::Status StreamLease::RunOp(core::OpArgs args) {
   }
   queued_ = false;               // synchronized by Finish, or drained
   workspace.MarkSynchronized();  // the guard returns the workspace now
+  done_ = st.ok();
+  return st;
+}
+
+absl::Status StreamLease::LaunchAsync(core::OpArgs args, BlockPool::Block block) {
+  // The lease owns the workspace from here (as a pending op: returned by the
+  // completion, or by the destructor's fallback); if the copy of the args
+  // cannot allocate, nothing was launched and the block goes back now.
+  try {
+    pending_.push_back(LeaseSink::PendingOp{core::CopyArgs(args), block, false, label_});
+  } catch (...) {
+    pools_.workspaces->Release(block);
+    throw;
+  }
+  queued_ = true;
+  absl::Status st = device_->Launch(args, {block.data, block.bytes}, stream_);
+  // A failed launch may have enqueued some of the op's kernels: its
+  // workspace is held until the stream completes all the same, but Finish
+  // does not run (the error is returned now).
+  pending_.back().finish = st.ok();
   done_ = st.ok();
   return st;
 }

@@ -41,15 +41,27 @@
 // that drains before giving it back.
 // RunOp may run once per lease (a second call is FAILED_PRECONDITION).
 //
+// On a chain (StreamChain, stream_chain.h: an Execute with CUDA IPC events)
+// the lease borrows the chain's stream (never released by the lease). Sync
+// chain: as above. Async chain: RunOp only launches (no copies back: an
+// async request has no inline output; a read-back of bytes is
+// FAILED_PRECONDITION), and when the lease ends nothing is drained: its
+// staging blocks and its op (workspace, a copy of the args, for Finish)
+// pass to the chain (LeaseSink), which holds them until the stream's work
+// completed. If that hand-over cannot allocate, the lease falls back to a
+// drain and returns the blocks itself.
+//
 // Used by one thread at a time; the pools and the device outlive the lease.
 #ifndef TOKENSEL_SERVER_BACKENDS_STREAM_LEASE_H_
 #define TOKENSEL_SERVER_BACKENDS_STREAM_LEASE_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "server/backends/block_pool.h"
 #include "server/core/backend.h"
@@ -84,6 +96,24 @@ class StreamDevice {
   virtual absl::Status Drain(Stream stream, absl::Status status) = 0;
   // UNAVAILABLE once the device is out of service (checked before RunOp).
   virtual absl::Status CheckUsable() const = 0;
+
+  // Events (CUDA IPC events of Execute; stream_chain.h).
+  using Event = void*;  // cudaEvent_t
+  // The client's event from its 64 handle bytes (cudaIpcOpenEventHandle,
+  // this device current): INVALID_ARGUMENT naming `field` when the driver
+  // rejects the handle (nothing is marked failed); other errors classified
+  // as for any call.
+  virtual absl::StatusOr<Event> OpenIpcEvent(absl::string_view handle, absl::string_view field) = 0;
+  // A private event (no timing) marking a request's completion.
+  virtual absl::StatusOr<Event> CreateEvent() = 0;
+  virtual void DestroyEvent(Event event) = 0;
+  // Async on `stream`: wait for `event`, record `event`. `field` names the
+  // client's event in errors.
+  virtual absl::Status WaitEvent(Stream stream, Event event, absl::string_view field) = 0;
+  virtual absl::Status RecordEvent(Event event, Stream stream, absl::string_view field) = 0;
+  // Whether the work recorded before `event` has completed (cudaEventQuery):
+  // never blocks; an error once the device reports one.
+  virtual absl::StatusOr<bool> EventDone(Event event) = 0;
 };
 
 struct StreamPools {
@@ -92,11 +122,31 @@ struct StreamPools {
   BlockPool* workspaces;  // device workspaces of the ops
 };
 
+// Where a lease on an async chain leaves what its device work still uses.
+// Adopt* may throw std::bad_alloc (then they took nothing).
+class LeaseSink {
+ public:
+  struct PendingOp {
+    core::OpArgsValue args;      // for Finish
+    BlockPool::Block workspace;  // its DeviceStatus word is read by Finish
+    bool finish;                 // false: the launch failed (hold only)
+    std::string label;           // "ops[k] (Name)"
+  };
+  virtual ~LeaseSink() = default;
+  virtual void AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) = 0;
+  virtual void AdoptOp(PendingOp op) = 0;
+};
+
 class StreamLease final : public core::RequestLease {
  public:
   // Takes a stream (AcquireStream's error otherwise).
   static absl::StatusOr<std::unique_ptr<StreamLease>> Begin(StreamDevice* device,
                                                             StreamPools pools);
+  // A lease on a chain's `stream` (borrowed); `sink` receives its work when
+  // `async`. `label` names the op in its deferred error.
+  static std::unique_ptr<StreamLease> OnChain(StreamDevice* device, StreamPools pools,
+                                              StreamDevice::Stream stream, LeaseSink* sink,
+                                              bool async, std::string label);
   ~StreamLease() override;
 
   // Pinned plus device block sizes of `bytes`, saturating.
@@ -110,6 +160,10 @@ class StreamLease final : public core::RequestLease {
 
  private:
   StreamLease(StreamDevice* device, StreamPools pools) : device_(device), pools_(pools) {}
+  // Async: launches and keeps the op for the sink.
+  absl::Status LaunchAsync(core::OpArgs args, BlockPool::Block block);
+  // Async, at the end: everything to the sink; false if that failed.
+  bool HandOver() noexcept;
 
   struct Entry {
     BlockPool::Block pinned;
@@ -125,9 +179,13 @@ class StreamLease final : public core::RequestLease {
   StreamDevice::Stream stream_ = nullptr;  // set once, by Begin
   bool has_stream_ = false;
   std::vector<Entry> entries_;
-  bool queued_ = false;  // device work issued since the last synchronization
-  bool ran_ = false;     // RunOp was called
-  bool done_ = false;    // RunOp succeeded: read-back tensors are on the host
+  bool queued_ = false;        // device work issued since the last synchronization
+  bool ran_ = false;           // RunOp was called
+  bool done_ = false;          // RunOp succeeded: read-back tensors are on the host
+  LeaseSink* sink_ = nullptr;  // on a chain: the stream is borrowed
+  bool async_ = false;         // on an async chain
+  std::string label_;
+  std::vector<LeaseSink::PendingOp> pending_;  // async: the launched op (0 or 1)
 };
 
 }  // namespace tokensel::backends

@@ -7,6 +7,7 @@
 #ifndef TOKENSEL_SERVER_CORE_BACKEND_H_
 #define TOKENSEL_SERVER_CORE_BACKEND_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/ops.h"
+#include "kernels/stop.h"
 #include "server/core/region.h"
 #include "server/core/request.h"
 
@@ -37,7 +39,17 @@ struct DeviceDescription {
 // do with them.
 enum class IpcEventSupport : uint8_t {
   kNoDevice,        // no CUDA device to wait on or record with (the CPU)
-  kNotImplemented,  // a CUDA device, but waiting and recording are not built yet
+  kNotImplemented,  // a CUDA device, but waiting and recording are not built
+  kSupported,       // Backend::BeginChain (RequestChain below)
+};
+
+// The events of one Execute: the client's cudaIpcEventHandle_t bytes as
+// sent (ExecuteRequest.wait_event / record_event), empty = none.
+struct IpcEvents {
+  static constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcEventHandle_t)
+  std::string wait;
+  std::string record;
+  bool empty() const { return wait.empty() && record.empty(); }
 };
 
 // The arguments of any operator (one alternative per OpRequest, by pointer):
@@ -51,6 +63,22 @@ struct OpArgsOf<std::variant<Requests...>> {
   using type = std::variant<const typename Requests::Op::Args*...>;
 };
 using OpArgs = OpArgsOf<OpRequest>::type;
+
+// An owning copy of an op's arguments (the views, not the memory they point
+// at): what a deferred completion keeps to run the op's Finish later.
+template <typename Variant>
+struct OpArgsValueOf;
+template <typename... Requests>
+struct OpArgsValueOf<std::variant<Requests...>> {
+  using type = std::variant<typename Requests::Op::Args...>;
+};
+using OpArgsValue = OpArgsValueOf<OpRequest>::type;
+inline OpArgsValue CopyArgs(OpArgs args) {
+  return std::visit([](const auto* a) { return OpArgsValue(*a); }, args);
+}
+inline OpArgs ArgsOf(const OpArgsValue& value) {
+  return std::visit([](const auto& a) { return OpArgs(&a); }, value);
+}
 
 // Where one by-reference tensor of a request lives (Backend::Route).
 struct TensorPlacement {
@@ -104,6 +132,49 @@ class RequestLease {
   absl::Status Run(const Args& args) {
     return RunOp(OpArgs(&args));
   }
+};
+
+// The ops of one Execute that carries CUDA IPC events (Backend::BeginChain,
+// on the routed backend), in order on ONE device stream:
+//   BeginChain: the stream waits on the client's wait_event (before anything
+//               of the request is staged: staging may write outputs);
+//   BeginOp:    each op's RequestLease on that stream (as BeginRequest's);
+//   Commit:     the client's record_event is recorded after the last op.
+// Sync mode: every op's RunOp synchronizes as without events.
+// Async mode (a record_event and no inline output): RunOp only launches;
+// when an op's lease ends its staging and workspace pass to the chain, and
+// Commit hands them, everything Hold() was given (buffer leases, the memory
+// reservation, ...) and the stream to the backend's completion thread. That
+// thread, once the device work completed (a private event, never a host
+// synchronization of the request thread), runs each op's Finish, calls
+// `done` with the first error ("ops[k] (Name): ...") or OK, and only then
+// returns everything. Commit must be called (on every path once BeginChain
+// succeeded, errors included, so that what was launched is waited for and
+// the client's event is recorded); a chain destroyed without Commit drains
+// its stream first. `done` (may be empty) is called exactly once when the
+// chain's stream is released, possibly before Commit returns; with the
+// first device error in async mode, else OK. Used by one thread.
+class RequestChain {
+ public:
+  using DoneFn = std::function<void(absl::Status)>;
+  virtual ~RequestChain() = default;
+  virtual bool async() const = 0;
+  // The lease of the next op; `label` ("ops[2] (GatherTokens)") prefixes
+  // its deferred error.
+  virtual absl::StatusOr<std::unique_ptr<RequestLease>> BeginOp(std::string label) = 0;
+  // Kept alive until the device work completed (async) or the chain ends.
+  virtual void Hold(std::shared_ptr<void> keep) = 0;
+  // Sync chains, before the first op: waits on the host, polling, until
+  // the client's wait_event completed (OK at once without one), or until
+  // `stop` (may be null) fires: then its error, and the chain is
+  // abandoned: Commit records nothing and, instead of synchronizing the
+  // stream (which would block on a client event that may never complete),
+  // hands it to the completion thread. So a sync request blocks its thread
+  // at most until its deadline.
+  virtual absl::Status AwaitWait(const kernels::StopToken* stop) = 0;
+  // Records record_event; async: hands the work to the completion thread.
+  // The error of the record, if any (the work is handed over regardless).
+  virtual absl::Status Commit(DoneFn done) = 0;
 };
 
 // The backend that serves one request (Backend::Route). Every call the
@@ -179,6 +250,16 @@ class Backend {
   // and the synchronous Copy* below and runs RunOp (the CPU, test fakes);
   // CudaBackend stages on the stream of the lease (cuda_backend.h).
   virtual absl::StatusOr<std::unique_ptr<RequestLease>> BeginRequest();
+
+  // A request with CUDA IPC events (RequestChain), for `session` (whose
+  // opened events the backend caches). Only backends with
+  // ipc_events() == kSupported; the default is FAILED_PRECONDITION.
+  // INVALID_ARGUMENT naming the field for a handle that does not open.
+  virtual absl::StatusOr<std::unique_ptr<RequestChain>> BeginChain(const std::string& session,
+                                                                   const IpcEvents& events,
+                                                                   bool async);
+  // The session ended: drop what the backend keeps for it (its events).
+  virtual void EndSession(const std::string& /*session*/) {}
 
   // Memory for inline tensors, accessible to Run: aligned host memory on the
   // CPU, device memory on CUDA. Copies are synchronous. A direct API (tests,

@@ -27,6 +27,7 @@ struct OpContext {
   MemoryBudget::Reservation* memory;  // null in measure mode
   const kernels::StopToken* stop;
   absl::string_view op_name;
+  bool keep_scratch = false;  // async: the workspace outlives Run
   double seconds = 0;
   uint64_t bytes = 0;
 
@@ -40,7 +41,9 @@ struct OpContext {
     const auto start = std::chrono::steady_clock::now();
     absl::Status status = lease->Run(args);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    memory->Shrink(scratch);
+    // An async op's workspace is held until its device work completed; the
+    // reservation (held with it) keeps counting the scratch until then.
+    if (!keep_scratch) memory->Shrink(scratch);
     return status;
   }
 };
@@ -62,8 +65,7 @@ Executor::Executor(Backend* backend, BufferRegistry* registry, ServiceMetrics* m
                    ExecutorLimits limits, MemoryBudget* budget)
     : backend_(backend), registry_(registry), metrics_(metrics), limits_(limits), budget_(budget) {}
 
-absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpRequest& op,
-                                       const RunOptions& options) {
+absl::Status Executor::CheckWork(const OpRequest& op) const {
   if (limits_.max_op_work != 0) {
     if (const uint64_t work = EstimateOpWork(op); work > limits_.max_op_work) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -71,6 +73,12 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
           "per-op limit of ", limits_.max_op_work, " (--max_op_elements)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpRequest& op,
+                                       const RunOptions& options) {
+  RETURN_IF_ERROR(CheckWork(op));
   MemoryBudget::Reservation own =
       budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
   MemoryBudget::Reservation* memory = options.memory != nullptr ? options.memory : &own;
@@ -78,7 +86,7 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   // anything is staged: the staging of inline tensors, the scratch, the
   // kernel and the copies back then all use that one device. `route` lives
   // until the resolver (and its staging) is gone.
-  ASSIGN_OR_RETURN(const BackendRoute route, Route(session, op));
+  ASSIGN_OR_RETURN(const BackendRoute route, Route(session, absl::MakeConstSpan(&op, 1)));
   Backend& backend = route.backend();
   // One lease of the routed backend from the first staging copy to the last
   // copy back (RequestLease: on CUDA one stream that orders them with the
@@ -86,27 +94,8 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   ASSIGN_OR_RETURN(std::unique_ptr<RequestLease> lease, backend.BeginRequest());
   OpResult result;
   uint64_t staged = 0;
-  absl::Status status;
-  {
-    Resolver resolver(&backend, lease.get(), registry_, session, limits_.max_inline_bytes, memory);
-    OpContext ctx{resolver, backend, lease.get(), memory, options.stop, OpName(op)};
-    status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
-    // Lost memory outranks whatever the op reported: its inputs were zeros.
-    if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
-    if (status.ok()) {
-      absl::StatusOr<std::vector<InlineOutput>> outputs = resolver.TakeInlineOutputs();
-      if (outputs.ok()) {
-        result.outputs = *std::move(outputs);
-      } else {
-        status = outputs.status();
-      }
-    }
-    staged = resolver.staged_bytes();
-    result.bytes_moved = ctx.bytes;
-    if (status.ok() && metrics_ != nullptr) {
-      metrics_->ObserveOp(OpName(op), backend.device_label(), ctx.seconds, ctx.bytes);
-    }
-  }
+  const absl::Status status =
+      RunLeased(session, op, backend, lease.get(), memory, options, nullptr, &result, &staged);
   // The staging belongs to the lease, not the resolver: on CUDA its pinned
   // and device blocks stay taken (and copies may still be queued on its
   // stream after an error) until the lease ends, which drains the stream and
@@ -119,39 +108,87 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   return result;
 }
 
+absl::Status Executor::RunLeased(const std::string& session, const OpRequest& op, Backend& backend,
+                                 RequestLease* lease, MemoryBudget::Reservation* memory,
+                                 const RunOptions& options, std::vector<BufferLease>* keep,
+                                 OpResult* result, uint64_t* staged) {
+  Resolver resolver(&backend, lease, registry_, session, limits_.max_inline_bytes, memory);
+  OpContext ctx{resolver, backend, lease, memory, options.stop, OpName(op), keep != nullptr};
+  absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+  // Lost memory outranks whatever the op reported: its inputs were zeros.
+  if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
+  if (status.ok()) {
+    absl::StatusOr<std::vector<InlineOutput>> outputs = resolver.TakeInlineOutputs();
+    if (outputs.ok()) {
+      result->outputs = *std::move(outputs);
+    } else {
+      status = outputs.status();
+    }
+  }
+  *staged = resolver.staged_bytes();
+  result->bytes_moved = ctx.bytes;
+  if (status.ok() && metrics_ != nullptr) {
+    metrics_->ObserveOp(OpName(op), backend.device_label(), ctx.seconds, ctx.bytes);
+  }
+  // Async: kernels may still read and write these buffers after the reply;
+  // the chain holds the leases until they completed.
+  if (keep != nullptr) {
+    for (BufferLease& l : resolver.TakeLeases()) keep->push_back(std::move(l));
+  }
+  return status;
+}
+
 absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
-                                             const OpRequest& op) const {
+                                             absl::Span<const OpRequest> ops) const {
   return backend_->Route([&]() {
-    // The op's by-reference tensors, found by resolving it in measure mode
-    // (metadata only: no lease, no staging). A failure there, or a buffer
-    // that cannot be leased, is left for the real resolution to report with
-    // its usual message; the tensors found until then still count.
-    Resolver probe(backend_, nullptr, registry_, session, limits_.max_inline_bytes, nullptr,
-                   /*measure_only=*/true);
-    OpContext ctx{probe, *backend_, nullptr, nullptr, nullptr, OpName(op)};
-    (void)std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
     std::vector<TensorPlacement> placements;
-    for (const auto& [field, buffer] : probe.buffer_refs()) {
-      absl::StatusOr<BufferLease> lease = registry_->Acquire(session, buffer);
-      if (!lease.ok()) continue;
-      placements.push_back(TensorPlacement{field, (*lease)->region().device_uuid()});
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const OpRequest& op = ops[i];
+      // The op's by-reference tensors, found by resolving it in measure mode
+      // (metadata only: no lease, no staging). A failure there, or a buffer
+      // that cannot be leased, is left for the real resolution to report
+      // with its usual message; the tensors found until then still count.
+      Resolver probe(backend_, nullptr, registry_, session, limits_.max_inline_bytes, nullptr,
+                     /*measure_only=*/true);
+      OpContext ctx{probe, *backend_, nullptr, nullptr, nullptr, OpName(op)};
+      (void)std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
+      for (const auto& [field, buffer] : probe.buffer_refs()) {
+        absl::StatusOr<BufferLease> lease = registry_->Acquire(session, buffer);
+        if (!lease.ok()) continue;
+        placements.push_back(
+            TensorPlacement{ops.size() == 1 ? field : absl::StrCat("ops[", i, "].", field),
+                            (*lease)->region().device_uuid()});
+      }
     }
     return placements;
   });
 }
 
-uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
+void Executor::MeasureInline(const OpRequest& op, uint64_t* bytes, size_t* count) const {
   static const std::string no_session;
   Resolver resolver(backend_, nullptr, registry_, no_session, limits_.max_inline_bytes, nullptr,
                     /*measure_only=*/true);
   OpContext ctx{resolver, *backend_, nullptr, nullptr, nullptr, OpName(op)};
   const absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
-  return status.ok() ? resolver.inline_output_bytes() : 0;
+  *bytes = status.ok() ? resolver.inline_output_bytes() : 0;
+  *count = status.ok() ? resolver.inline_outputs() : 0;
 }
 
-absl::StatusOr<std::vector<OpResult>> Executor::RunAll(const std::string& session,
-                                                       absl::Span<const OpRequest> ops,
-                                                       const RunOptions& options) {
+uint64_t Executor::InlineOutputBytes(const OpRequest& op) const {
+  uint64_t bytes = 0;
+  size_t count = 0;
+  MeasureInline(op, &bytes, &count);
+  return bytes;
+}
+
+size_t Executor::InlineOutputs(const OpRequest& op) const {
+  uint64_t bytes = 0;
+  size_t count = 0;
+  MeasureInline(op, &bytes, &count);
+  return count;
+}
+
+absl::Status Executor::CheckResponse(absl::Span<const OpRequest> ops) const {
   // The whole response is sized before anything runs: a short request must
   // not make the server build a huge one (each op alone is within its limit).
   uint64_t response = 0;
@@ -164,6 +201,16 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunAll(const std::string& sessio
           "or split the request"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<OpResult>> Executor::RunAll(const std::string& session,
+                                                       absl::Span<const OpRequest> ops,
+                                                       const RunOptions& options) {
+  if (options.events != nullptr && !options.events->empty()) {
+    return RunChain(session, ops, options);
+  }
+  RETURN_IF_ERROR(CheckResponse(ops));
   MemoryBudget::Reservation own =
       budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
   RunOptions per_op = options;

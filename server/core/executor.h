@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/stop.h"
+#include "server/core/async_requests.h"
 #include "server/core/backend.h"
 #include "server/core/buffer_registry.h"
 #include "server/core/memory_budget.h"
@@ -74,6 +75,11 @@ struct ExecutorLimits {
 struct RunOptions {
   const kernels::StopToken* stop = nullptr;     // null: never stops
   MemoryBudget::Reservation* memory = nullptr;  // null: a reservation of the call's own
+  // RunAll with CUDA IPC events (RunChain, executor_chain.cc); null or
+  // empty: none. `async` admits the requests answered before their device
+  // work completed; null: every evented request is synchronous.
+  const IpcEvents* events = nullptr;
+  AsyncRequests* async = nullptr;
 };
 
 class Executor {
@@ -89,6 +95,18 @@ class Executor {
   // position prefixed ("ops[2] (GatherTokens): ..."). Effects of the ops
   // before it remain. First, RESOURCE_EXHAUSTED if their inline outputs
   // together exceed max_response_bytes (nothing runs).
+  // With options.events (not empty): one route and one RequestChain for all
+  // the ops (one device, one stream, in order; FAILED_PRECONDITION when
+  // their buffers are on different devices). If a record_event is given,
+  // no op returns an inline output and options.async admits it (its caps:
+  // RESOURCE_EXHAUSTED, nothing runs), the request is asynchronous: the ops
+  // are launched, not waited for; their staging, workspaces, buffer leases
+  // and memory reservation stay held until the completion thread finished
+  // them, and the first op that fails on the device becomes the session's
+  // deferred error (AsyncRequests). Errors found before launch are
+  // returned as usual (then no deferred error is kept for the request).
+  // Otherwise (inline outputs, or no record_event) every op completes
+  // before RunAll returns and record_event is recorded after the last.
   absl::StatusOr<std::vector<OpResult>> RunAll(const std::string& session,
                                                absl::Span<const OpRequest> ops,
                                                const RunOptions& options = {});
@@ -102,9 +120,29 @@ class Executor {
   MemoryBudget* budget() const { return budget_; }
 
  private:
-  // The backend that serves `op` (Backend::Route), from the devices of the
-  // buffers its by-reference tensors name.
-  absl::StatusOr<BackendRoute> Route(const std::string& session, const OpRequest& op) const;
+  // The backend that serves `ops` (Backend::Route), from the devices of the
+  // buffers their by-reference tensors name.
+  absl::StatusOr<BackendRoute> Route(const std::string& session,
+                                     absl::Span<const OpRequest> ops) const;
+  // RESOURCE_EXHAUSTED when the op's work is above max_op_work.
+  absl::Status CheckWork(const OpRequest& op) const;
+  // RESOURCE_EXHAUSTED when the inline outputs of `ops` exceed one response.
+  absl::Status CheckResponse(absl::Span<const OpRequest> ops) const;
+  // How many tensors `op` returns inline (0 for invalid specs).
+  size_t InlineOutputs(const OpRequest& op) const;
+  // Both, from one resolution in measure mode.
+  void MeasureInline(const OpRequest& op, uint64_t* bytes, size_t* count) const;
+  // Resolves and runs `op` on `backend` under `lease` into `result`;
+  // `staged` receives the staging bytes reserved (the caller gives them
+  // back after ending the lease). With `keep` (an async chain) the op's
+  // scratch stays reserved and its buffer leases move there.
+  absl::Status RunLeased(const std::string& session, const OpRequest& op, Backend& backend,
+                         RequestLease* lease, MemoryBudget::Reservation* memory,
+                         const RunOptions& options, std::vector<BufferLease>* keep,
+                         OpResult* result, uint64_t* staged);
+  absl::StatusOr<std::vector<OpResult>> RunChain(const std::string& session,
+                                                 absl::Span<const OpRequest> ops,
+                                                 const RunOptions& options);
 
   Backend* const backend_;
   BufferRegistry* const registry_;

@@ -60,4 +60,12 @@ absl::StatusOr<std::unique_ptr<RequestLease>> Backend::BeginRequest() {
   return std::make_unique<SyncStagingLease>(this);
 }
 
+absl::StatusOr<std::unique_ptr<RequestChain>> Backend::BeginChain(const std::string& /*session*/,
+                                                                  const IpcEvents& events,
+                                                                  bool /*async*/) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(events.wait.empty() ? "record_event" : "wait_event",
+                   ": CUDA IPC events are not supported by the ", name(), " backend"));
+}
+
 }  // namespace tokensel::core

@@ -283,6 +283,14 @@ absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::st
   return v;
 }
 
+std::vector<BufferLease> Resolver::TakeLeases() {
+  std::vector<BufferLease> leases;
+  leases.reserve(leases_.size());
+  for (auto& [name, lease] : leases_) leases.push_back(std::move(lease));
+  leases_.clear();
+  return leases;
+}
+
 absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {
   // inline_output_bytes_ <= max_inline_bytes_ always: no overflow.
   if (bytes > max_inline_bytes_ - inline_output_bytes_) {
@@ -292,6 +300,7 @@ absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {
                      "; write the output to a buffer instead"));
   }
   inline_output_bytes_ += bytes;
+  ++inline_outputs_;
   return absl::OkStatus();
 }
 

@@ -98,6 +98,11 @@ class Resolver {
   absl::Status CheckLostBuffers(BufferRegistry* registry) const;
 
   uint64_t inline_output_bytes() const { return inline_output_bytes_; }
+  // How many tensors come back inline (measure mode too), even of 0 bytes.
+  size_t inline_outputs() const { return inline_outputs_; }
+  // The leases of the by-reference tensors resolved so far, moved out (an
+  // async request keeps them until its device work completed).
+  std::vector<BufferLease> TakeLeases();
   // Measure mode: (field, buffer name) of every by-reference tensor seen, in
   // resolution order (the executor routes the op by their buffers' devices).
   const std::vector<std::pair<std::string, std::string>>& buffer_refs() const {
@@ -139,6 +144,7 @@ class Resolver {
   MemoryBudget::Reservation* const memory_;
   const bool measure_only_;
   uint64_t inline_output_bytes_ = 0;
+  size_t inline_outputs_ = 0;
   uint64_t staged_bytes_ = 0;
   std::vector<std::pair<std::string, BufferLease>> leases_;       // (buffer name, lease)
   std::vector<std::pair<std::string, std::string>> buffer_refs_;  // measure mode

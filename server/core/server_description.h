@@ -32,6 +32,9 @@ struct ServerDescription {
   std::string shm_prefix;
   std::vector<std::string> memory_kinds;  // "host_shm", "cuda_ipc", "cuda_vmm"
   bool fd_channel = false;                // every unix listener has an fd channel
+  bool ipc_events = false;                // Execute's wait_event / record_event are served
+  uint32_t max_async_executes_per_session = 0;
+  uint32_t max_async_executes = 0;
 };
 
 }  // namespace tokensel::core

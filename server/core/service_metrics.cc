@@ -51,6 +51,14 @@ ServiceMetrics::ServiceMetrics(absl::string_view version, absl::string_view back
                              "Bytes of the buffers currently registered, across all sessions.");
   sessions_ = &gauge("tokensel_sessions", "Sessions currently open.");
   inflight_ = &gauge("tokensel_inflight_requests", "Requests currently being served.");
+  event_executes_ = &gauge("tokensel_event_executes",
+                           "Executes with CUDA IPC events answered before their device work "
+                           "completed, or waiting on a client event.");
+  event_executes_refused_ = &prometheus::BuildCounter()
+                                 .Name("tokensel_event_executes_refused_total")
+                                 .Help("Executes with CUDA IPC events refused over their caps.")
+                                 .Register(*registry_)
+                                 .Add({});
   request_memory_ = &gauge("tokensel_request_memory_bytes",
                            "Memory reserved by requests in flight (staging, scratch, results).");
   connections_ = &prometheus::BuildGauge()
@@ -155,6 +163,9 @@ void ServiceMetrics::SetRequestMemory(double bytes) { request_memory_->Set(bytes
 void ServiceMetrics::SetConnections(absl::string_view transport, double n) {
   connections_->Add({{"transport", std::string(transport)}}).Set(n);
 }
+void ServiceMetrics::SetEventExecutes(double n) { event_executes_->Set(n); }
+void ServiceMetrics::CountRefusedEventExecute() { event_executes_refused_->Increment(); }
+
 void ServiceMetrics::CountRefusedConnection(absl::string_view reason) {
   connections_refused_->Add({{"reason", std::string(reason)}}).Increment();
 }

@@ -16,6 +16,9 @@
 //   tokensel_connections{transport}                gauge (unix, tcp, fd_channel)
 //   tokensel_connections_refused_total{reason}     counter (max_connections,
 //                                                  max_connections_per_peer, fd_limit)
+//   tokensel_event_executes                        gauge (Executes with CUDA IPC
+//                                                  events in flight: AsyncRequests)
+//   tokensel_event_executes_refused_total          counter (over their caps)
 //
 // Thread-safe; the observe calls are lock-free after the first use of a
 // label combination.
@@ -67,6 +70,8 @@ class ServiceMetrics {
   // `transport` and `reason` come from a small fixed set (the front end's).
   void SetConnections(absl::string_view transport, double n);
   void CountRefusedConnection(absl::string_view reason);
+  void SetEventExecutes(double n);
+  void CountRefusedEventExecute();
 
   // The histogram bucket upper bounds (seconds), 10 us .. ~10 s.
   static const std::vector<double>& LatencyBuckets();
@@ -88,6 +93,8 @@ class ServiceMetrics {
   prometheus::Gauge* request_memory_;
   prometheus::Family<prometheus::Gauge>* connections_;
   prometheus::Family<prometheus::Counter>* connections_refused_;
+  prometheus::Gauge* event_executes_;
+  prometheus::Counter* event_executes_refused_;
 
   tokensel::Mutex mu_;
   // op -> device -> series

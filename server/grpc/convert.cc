@@ -332,9 +332,12 @@ void ServerInfoToProto(const core::ServerDescription& desc, v1::ServerInfo* out)
   limits->set_max_op_elements(desc.max_op_elements);
   limits->set_max_request_memory_bytes(desc.max_request_memory_bytes);
   limits->set_memory_budget_bytes(desc.memory_budget_bytes);
+  limits->set_max_async_executes_per_session(desc.max_async_executes_per_session);
+  limits->set_max_async_executes(desc.max_async_executes);
   out->set_shm_prefix(desc.shm_prefix);
   for (const std::string& kind : desc.memory_kinds) out->add_memory_kinds(kind);
   out->set_fd_channel(desc.fd_channel);
+  out->set_ipc_events(desc.ipc_events);
 }
 
 }  // namespace tokensel::server

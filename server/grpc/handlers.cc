@@ -73,19 +73,50 @@ absl::Status Handlers::RunOp(const std::string& session, const v1::Op& op, v1::O
 absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequest& request,
                                v1::ExecuteResponse* response,
                                const core::RunOptions& options) const {
-  if (!request.wait_event().empty() || !request.record_event().empty()) {
-    const absl::string_view field = request.wait_event().empty() ? "record_event" : "wait_event";
-    if (deps_.executor->backend().ipc_events() == core::IpcEventSupport::kNoDevice) {
+  const core::IpcEvents events{request.wait_event(), request.record_event()};
+  const core::Backend& backend = deps_.executor->backend();
+  if (!events.empty()) {
+    const absl::string_view field = events.wait.empty() ? "record_event" : "wait_event";
+    if (backend.ipc_events() == core::IpcEventSupport::kNoDevice) {
       return absl::FailedPreconditionError(
           absl::StrCat(field, ": CUDA IPC events need the cuda backend (this server runs ",
-                       deps_.executor->backend().name(), ")"));
+                       backend.name(), ")"));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": CUDA IPC events are not supported by this server's cuda backend"));
+    if (backend.ipc_events() != core::IpcEventSupport::kSupported) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": CUDA IPC events are not supported by this server's cuda backend"));
+    }
+    for (const auto& [name, handle] :
+         {std::pair<absl::string_view, const std::string&>("wait_event", events.wait),
+          {"record_event", events.record}}) {
+      if (!handle.empty() && handle.size() != core::IpcEvents::kHandleBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " is ", handle.size(),
+                                                       " bytes; a cudaIpcEventHandle_t is exactly ",
+                                                       core::IpcEvents::kHandleBytes));
+      }
+    }
+  }
+  if (deps_.async != nullptr) {
+    // No ops and no events: the session's barrier, which waits (within the
+    // call's deadline) for its asynchronous Executes to complete.
+    if (request.ops_size() == 0 && events.empty()) {
+      auto check = [&options]() {
+        return options.stop != nullptr ? options.stop->Check() : absl::OkStatus();
+      };
+      RETURN_IF_ERROR(deps_.async->WaitSession(session, check));
+      // A call that expired (or was cancelled) while it waited must not take
+      // the deferred error with it: its reply goes nowhere.
+      RETURN_IF_ERROR(check());
+    }
+    // An earlier asynchronous Execute failed on the device after its reply:
+    // this Execute reports that, and runs nothing (docs/server.md).
+    RETURN_IF_ERROR(deps_.async->TakeDeferred(session));
   }
   ASSIGN_OR_RETURN(std::vector<core::OpRequest> ops, OpsFromProto(request));
-  ASSIGN_OR_RETURN(std::vector<core::OpResult> results,
-                   deps_.executor->RunAll(session, ops, options));
+  core::RunOptions run = options;
+  run.events = &events;
+  run.async = deps_.async;
+  ASSIGN_OR_RETURN(std::vector<core::OpResult> results, deps_.executor->RunAll(session, ops, run));
   response->mutable_results()->Reserve(static_cast<int>(results.size()));
   for (core::OpResult& result : results) {
     OpResultToProto(std::move(result), response->add_results());

@@ -45,6 +45,7 @@ struct ServiceDeps {
   core::BufferRegistry* registry = nullptr;
   core::Admission* admission = nullptr;
   core::Executor* executor = nullptr;
+  core::AsyncRequests* async = nullptr;  // null: evented Executes are synchronous
   core::ServiceMetrics* metrics = nullptr;
   core::FdTickets* tickets = nullptr;
   WorkQueue* workers = nullptr;

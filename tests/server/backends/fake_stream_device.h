@@ -7,11 +7,21 @@
 // its kernels are the CPU's. Failures are injectable. CountingPool: a
 // BlockPool over malloc that counts allocations and frees (new blocks are
 // filled with 0xAB, stale bytes as a reused block has) and can fail.
-// LeasePools: the three pools of a lease over CountingPool; BeginLease.
+// LeasePools: the three pools of a lease over CountingPool; BeginLease;
+// StreamBackend.
+// Events (stream_chain_test.cc): OpenIpcEvent / CreateEvent make FakeEvents
+// ("wait" and "record" are logged on their stream; a handle whose first
+// byte is 0xFF is refused as the driver refuses a bad one); a record is
+// queued work like the rest, so EventDone turns true only once the device
+// got there. Progress(stream) is the device doing the stream's queued work
+// WITHOUT any host synchronization (nothing is logged): what a completion
+// thread observes through EventDone. Each kernel's status is kept per
+// workspace (as the DeviceStatus word), read by that op's Finish.
 // Not thread-safe (the tests drive it from one thread).
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -20,11 +30,14 @@
 #include <memory>
 #include <new>
 #include <ostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -78,20 +91,27 @@ class FakeStreamDevice final : public StreamDevice {
   absl::Status Launch(core::OpArgs args, kernels::cuda::Workspace ws, Stream s) override {
     EXPECT_NE(ws.data, nullptr);
     if (fail_launch) return absl::InternalError("injected launch failure");
-    return Enqueue("kernel", s, [this, args] {
+    // The kernels run later (at a sync or Progress): they read the args then,
+    // so a copy is kept, as the device keeps the launch's parameters.
+    auto copy = std::make_shared<core::OpArgsValue>(core::CopyArgs(args));
+    ws_status_[ws.data] = absl::UnknownError("the op's kernels have not run");
+    return Enqueue("kernel", s, [this, copy, ws] {
       kernel_status =
-          std::visit([](const auto* a) { return kernels::cpu::Run(*a, nullptr); }, args);
+          std::visit([](const auto& a) { return kernels::cpu::Run(a, nullptr); }, *copy);
+      ws_status_[ws.data] = kernel_status;
     });
   }
-  absl::Status Finish(core::OpArgs, kernels::cuda::Workspace, Stream s) override {
+  absl::Status Finish(core::OpArgs, kernels::cuda::Workspace ws, Stream s) override {
     // As a host allocation failing while Finish formats a bad-data message,
     // before the stream was synchronized.
     if (throw_in_finish) throw std::bad_alloc();
     // As kernels::cuda::Finish when its status-word copy fails to enqueue:
     // an error before the synchronization, the stream's work still queued.
     if (fail_finish_before_sync) return absl::InternalError("injected finish failure");
+    ExpectHeld(s);
     RunQueue("sync", s);
-    return kernel_status;
+    auto it = ws_status_.find(ws.data);
+    return it != ws_status_.end() ? it->second : kernel_status;
   }
   absl::Status Drain(Stream s, absl::Status status) override {
     RunQueue("drain", s);
@@ -101,7 +121,76 @@ class FakeStreamDevice final : public StreamDevice {
     return usable ? absl::OkStatus() : absl::UnavailableError("fake device out of service");
   }
 
+  // Events.
+  struct FakeEvent {
+    std::string handle;  // empty: a private (completion) event
+    bool done = true;    // never recorded counts as complete, as in CUDA
+    bool destroyed = false;
+  };
+  absl::StatusOr<Event> OpenIpcEvent(absl::string_view handle, absl::string_view field) override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (!handle.empty() && static_cast<uint8_t>(handle[0]) == 0xFF) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": refused by the fake driver"));
+    }
+    ++ipc_opens;
+    events_.push_back(std::make_unique<FakeEvent>(FakeEvent{std::string(handle)}));
+    // A client event whose work has not completed (the client's stream is
+    // busy): until ClientEventDone.
+    if (pending_handles.count(std::string(handle)) > 0) events_.back()->done = false;
+    return static_cast<Event>(events_.back().get());
+  }
+  absl::StatusOr<Event> CreateEvent() override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (fail_create_event) return absl::InternalError("injected event creation failure");
+    events_.push_back(std::make_unique<FakeEvent>());
+    return static_cast<Event>(events_.back().get());
+  }
+  void DestroyEvent(Event e) override {
+    auto* ev = static_cast<FakeEvent*>(e);
+    EXPECT_FALSE(ev->destroyed) << "an event destroyed twice";
+    ev->destroyed = true;
+    ++events_destroyed;
+  }
+  absl::Status WaitEvent(Stream s, Event e, absl::string_view) override {
+    RETURN_IF_ERROR(CheckUsable());
+    EXPECT_FALSE(static_cast<FakeEvent*>(e)->destroyed) << "waited on a destroyed event";
+    return Enqueue("wait", s, [] {});
+  }
+  absl::Status RecordEvent(Event e, Stream s, absl::string_view) override {
+    RETURN_IF_ERROR(CheckUsable());
+    auto* ev = static_cast<FakeEvent*>(e);
+    EXPECT_FALSE(ev->destroyed) << "recorded a destroyed event";
+    ev->done = false;
+    return Enqueue(ev->handle.empty() ? "complete" : "record", s, [ev] { ev->done = true; });
+  }
+  absl::StatusOr<bool> EventDone(Event e) override {
+    if (fail_event_query) return absl::InternalError("injected event query failure");
+    return static_cast<FakeEvent*>(e)->done;
+  }
+  // The device runs `s`'s queued work (no host call, nothing logged).
+  void Progress(Stream s) {
+    for (auto& f : queue_[s]) f();
+    queue_[s].clear();
+  }
+  // The client's work before its event completed.
+  void ClientEventDone(const std::string& handle) {
+    pending_handles.erase(handle);
+    for (auto& e : events_) {
+      if (e->handle == handle) e->done = true;
+    }
+  }
+  size_t live_events() const {
+    size_t n = 0;
+    for (const auto& e : events_) n += e->destroyed ? 0 : 1;
+    return n;
+  }
+
   std::vector<Call> log;
+  int ipc_opens = 0;
+  std::set<std::string> pending_handles;  // opened as not completed
+  int events_destroyed = 0;
+  bool fail_create_event = false;
+  bool fail_event_query = false;
   int streams_created = 0;
   int h2d_count = 0;
   int fail_h2d_at = 0;  // 1-based; 0 = never
@@ -115,7 +204,15 @@ class FakeStreamDevice final : public StreamDevice {
   size_t queued(Stream s) { return queue_[s].size(); }
 
  private:
+  // Work on a stream that is back in the pool (or none) would share it
+  // with the next request.
+  void ExpectHeld(Stream s) const {
+    EXPECT_NE(s, nullptr) << "work on no stream";
+    EXPECT_TRUE(std::find(free_.begin(), free_.end(), s) == free_.end())
+        << "work on a stream already back in the pool";
+  }
   absl::Status Enqueue(const char* what, Stream s, std::function<void()> f) {
+    ExpectHeld(s);
     log.push_back(Call{what, s});
     queue_[s].push_back(std::move(f));
     return absl::OkStatus();
@@ -127,6 +224,8 @@ class FakeStreamDevice final : public StreamDevice {
   }
   std::vector<Stream> free_;
   std::map<Stream, std::vector<std::function<void()>>> queue_;
+  std::map<void*, absl::Status> ws_status_;
+  std::vector<std::unique_ptr<FakeEvent>> events_;
 };
 
 // A pool over malloc that counts, and can be told to fail. With `log` set,
@@ -200,6 +299,39 @@ inline std::unique_ptr<backends::StreamLease> BeginLease(StreamDevice* device, L
   EXPECT_TRUE(lease.ok()) << lease.status();
   return lease.ok() ? *std::move(lease) : nullptr;
 }
+
+// A backend whose requests run under a StreamLease on `device` (the
+// executor tests); its direct staging and RunOp refuse (a request must go
+// through its lease).
+class StreamBackend : public core::Backend {
+ public:
+  StreamBackend(StreamDevice* device, backends::StreamPools pools)
+      : device_(device), pools_(pools) {}
+  absl::string_view name() const override { return "fake-stream"; }
+  bool CanAccess(core::MemoryKind) const override { return true; }
+  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
+    ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamLease> lease,
+                     backends::StreamLease::Begin(device_, pools_));
+    return std::unique_ptr<core::RequestLease>(std::move(lease));
+  }
+  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status CopyToStaging(const Staging&, const void*, uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status CopyFromStaging(void*, const Staging&, uint64_t) override {
+    return absl::InternalError("the executor must stage through its lease");
+  }
+  absl::Status RunOp(core::OpArgs) override {
+    return absl::InternalError("the executor must run through its lease");
+  }
+  uint64_t OpScratchBytes(core::OpArgs) const override { return 1 << 20; }
+
+ protected:
+  StreamDevice* const device_;
+  const backends::StreamPools pools_;
+};
 
 }  // namespace tokensel::testing
 

@@ -260,34 +260,7 @@ TEST_F(StreamLeaseTest, ReadBackChecksItsSlotAndSize) {
 // The executor over a backend whose requests run under a StreamLease on the
 // fake device: the resolver's staging and the op share one lease, in order,
 // and the inline result comes back.
-class StreamBackend final : public core::Backend {
- public:
-  StreamBackend(StreamDevice* device, StreamPools pools) : device_(device), pools_(pools) {}
-  absl::string_view name() const override { return "fake-stream"; }
-  bool CanAccess(core::MemoryKind) const override { return true; }
-  absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginRequest() override {
-    ASSIGN_OR_RETURN(std::unique_ptr<StreamLease> lease, StreamLease::Begin(device_, pools_));
-    return std::unique_ptr<core::RequestLease>(std::move(lease));
-  }
-  absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t) override {
-    return absl::InternalError("the executor must stage through its lease");
-  }
-  absl::Status CopyToStaging(const Staging&, const void*, uint64_t) override {
-    return absl::InternalError("the executor must stage through its lease");
-  }
-  absl::Status CopyFromStaging(void*, const Staging&, uint64_t) override {
-    return absl::InternalError("the executor must stage through its lease");
-  }
-  absl::Status RunOp(core::OpArgs) override {
-    return absl::InternalError("the executor must run through its lease");
-  }
-  uint64_t OpScratchBytes(core::OpArgs) const override { return 1 << 20; }
-
- private:
-  StreamDevice* device_;
-  StreamPools pools_;
-};
-
+// (StreamBackend: fake_stream_device.h)
 TEST_F(StreamLeaseTest, TheExecutorStagesAndRunsThroughOneLease) {
   FakeRegionMapper host_mapper;
   FakeRegionMapper device_mapper(core::MemoryKind::kCudaDevice);

@@ -510,6 +510,9 @@ TEST(InfoTest, BufferAndServerInfo) {
   d.shm_prefix = "/tokensel";
   d.memory_kinds = {"host_shm", "cuda_ipc"};
   d.fd_channel = true;
+  d.ipc_events = true;
+  d.max_async_executes_per_session = 14;
+  d.max_async_executes = 15;
   v1::ServerInfo s;
   ServerInfoToProto(d, &s);
   EXPECT_EQ(s.version(), "1.2.3");
@@ -533,6 +536,9 @@ TEST(InfoTest, BufferAndServerInfo) {
   EXPECT_EQ(s.limits().max_request_memory_bytes(), 12u);
   EXPECT_EQ(s.limits().memory_budget_bytes(), 13u);
   EXPECT_TRUE(s.fd_channel());
+  EXPECT_TRUE(s.ipc_events());
+  EXPECT_EQ(s.limits().max_async_executes_per_session(), 14u);
+  EXPECT_EQ(s.limits().max_async_executes(), 15u);
   EXPECT_EQ(s.shm_prefix(), "/tokensel");
   ASSERT_EQ(s.memory_kinds_size(), 2);
   EXPECT_EQ(s.memory_kinds(1), "cuda_ipc");

@@ -88,6 +88,8 @@ TEST(ServerTest, PingAndServerInfoNeedNoSession) {
   EXPECT_EQ(info.shm_prefix(), "/tokensel");
   EXPECT_THAT(info.memory_kinds(), Contains("host_shm"));
   EXPECT_EQ(info.devices_size(), 0);
+  EXPECT_FALSE(info.ipc_events()) << "the CPU backend serves no IPC events";
+  EXPECT_EQ(info.limits().max_async_executes_per_session(), 0u);
 }
 
 TEST(ServerTest, SessionLifecycle) {

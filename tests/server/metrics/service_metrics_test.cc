@@ -55,6 +55,8 @@ TEST(ServiceMetricsTest, ExposesEveryMetricWithItsType) {
   EXPECT_THAT(text, HasSubstr("# TYPE tokensel_registered_bytes gauge"));
   EXPECT_THAT(text, HasSubstr("# TYPE tokensel_sessions gauge"));
   EXPECT_THAT(text, HasSubstr("# TYPE tokensel_inflight_requests gauge"));
+  EXPECT_THAT(text, HasSubstr("# TYPE tokensel_event_executes gauge"));
+  EXPECT_THAT(text, HasSubstr("# TYPE tokensel_event_executes_refused_total counter"));
   EXPECT_THAT(text, HasSubstr("# TYPE tokensel_build_info gauge"));
   EXPECT_THAT(text, HasSubstr("# HELP tokensel_op_duration_seconds "));
   EXPECT_EQ(Value(text, "tokensel_build_info{backend=\"cpu\",version=\"1.2.3\"}"), 1);
@@ -172,7 +174,12 @@ TEST(ServiceMetricsTest, GaugesHoldTheLastValue) {
   metrics.SetSessions(2);
   metrics.SetInflight(7);
   metrics.SetInflight(5);
+  metrics.SetEventExecutes(3);
+  metrics.CountRefusedEventExecute();
+  metrics.CountRefusedEventExecute();
   const std::string text = Scrape(metrics);
+  EXPECT_EQ(Value(text, "tokensel_event_executes"), 3);
+  EXPECT_EQ(Value(text, "tokensel_event_executes_refused_total"), 2);
   EXPECT_EQ(Value(text, "tokensel_registered_buffers"), 3);
   EXPECT_EQ(Value(text, "tokensel_registered_bytes"), 4096);
   EXPECT_EQ(Value(text, "tokensel_sessions"), 2);

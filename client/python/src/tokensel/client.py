@@ -388,9 +388,24 @@ class Client:
         wait_event / record_event: CUDA IPC events (ExecuteRequest fields),
         each a torch.cuda.Event(interprocess=True) or the 64 bytes of a
         cudaIpcEventHandle_t; checked here (ValueError / TypeError, before
-        any RPC) and sent as given. No server implements them yet: every
-        backend answers FailedPreconditionError naming the field (see
-        docs/server.md, "CUDA IPC events")."""
+        any RPC) and sent as given. A CPU server answers
+        FailedPreconditionError naming the field. On a CUDA server all the
+        ops run in order on one stream that first waits on wait_event, and
+        record_event is recorded after the last op. The contract
+        (docs/server.md, "CUDA IPC events"):
+          - record wait_event on your stream after the work that writes the
+            inputs, before this call;
+          - with record_event and no inline output the call returns before
+            the device work is done: make your stream wait on record_event
+            (torch.cuda.current_stream().wait_event(ev)) before reading the
+            outputs or reusing the inputs;
+          - an error the device finds after such a return is raised by the
+            session's next execute() (which then runs nothing), its message
+            starting "deferred from async Execute #N of this session:
+            ops[k] (Name): "; execute([]) waits for the session's pending
+            work and raises that error if there is one;
+          - at most 16 such calls per session in flight
+            (ResourceExhaustedError beyond)."""
         prepared_ops = list(prepared_ops)
         request = pb.ExecuteRequest(
             ops=[pb.Op(**{p.field: p.request}) for p in prepared_ops],

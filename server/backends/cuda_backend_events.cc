@@ -1,0 +1,131 @@
+// CudaBackend's CUDA IPC events (contract: cuda_backend.h, stream_chain.h,
+// ipc_event_cache.h): the StreamDevice event calls with the CUDA runtime,
+// and BeginChain. Compiled by the host compiler against cuda_runtime_api.h.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/sticky_error.h"
+#include "server/backends/cuda_backend.h"
+#include "server/backends/stream_chain.h"
+
+namespace tokensel::backends {
+namespace {
+
+namespace kc = ::tokensel::kernels::cuda;
+
+// What the driver answers for a handle it does not accept, or an event it
+// cannot use on this device (the same set the memory-handle mapper treats
+// as the client's fault, cuda_ipc_mapper.cu, plus an event of another
+// device). None is sticky.
+bool IsBadEvent(cudaError_t err) {
+  return err == cudaErrorInvalidValue || err == cudaErrorInvalidResourceHandle ||
+         err == cudaErrorMapBufferObjectFailed || err == cudaErrorInvalidDevice ||
+         err == cudaErrorNotSupported;
+}
+
+}  // namespace
+
+absl::StatusOr<StreamDevice::Event> CudaBackend::OpenIpcEvent(absl::string_view handle,
+                                                              absl::string_view field) {
+  RETURN_IF_ERROR(Activate(field));
+  cudaIpcEventHandle_t h;
+  static_assert(sizeof(h) == core::IpcEvents::kHandleBytes);
+  if (handle.size() != sizeof(h)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", handle.size(), " bytes"));
+  }
+  // Read once, into our own copy (the request's bytes are the server's
+  // already, but the driver gets a private struct either way).
+  std::memcpy(&h, handle.data(), sizeof(h));
+  cudaEvent_t event = nullptr;
+  const cudaError_t err = cudaIpcOpenEventHandle(&event, h);
+  if (err == cudaSuccess) return static_cast<Event>(event);
+  (void)cudaGetLastError();
+  if (IsBadEvent(err) && !kernels::cuda::IsStickyError(err)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": not a CUDA IPC event this server can open on ", label_, " (",
+        cudaGetErrorName(err), ": ", cudaGetErrorString(err),
+        "); create it with cudaEventInterprocess | cudaEventDisableTiming on this device"));
+  }
+  return Checked(err, "cudaIpcOpenEventHandle", field);
+}
+
+absl::StatusOr<StreamDevice::Event> CudaBackend::CreateEvent() {
+  RETURN_IF_ERROR(Activate("a completion event"));
+  cudaEvent_t event = nullptr;
+  RETURN_IF_ERROR(Checked(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                          "cudaEventCreateWithFlags", "a completion event"));
+  return static_cast<Event>(event);
+}
+
+void CudaBackend::DestroyEvent(Event event) {
+  // Legal with a record still pending: the driver frees it once complete.
+  (void)cudaSetDevice(device_.ordinal);
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+absl::Status CudaBackend::WaitEvent(kc::Stream stream, Event event, absl::string_view field) {
+  RETURN_IF_ERROR(Activate(field));
+  const cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0);
+  if (err == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  if (IsBadEvent(err) && !kernels::cuda::IsStickyError(err)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot be waited on by ", label_, " (",
+                                                   cudaGetErrorString(err), ")"));
+  }
+  return Checked(err, "cudaStreamWaitEvent", field);
+}
+
+absl::Status CudaBackend::RecordEvent(Event event, kc::Stream stream, absl::string_view field) {
+  RETURN_IF_ERROR(Activate(field));
+  const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(event), stream);
+  if (err == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  // An event of another device cannot be recorded on our stream: the
+  // client's mistake, not the device's.
+  if (IsBadEvent(err) && !kernels::cuda::IsStickyError(err)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot be recorded on ", label_, " (",
+                                                   cudaGetErrorString(err),
+                                                   "; the event must belong to that device)"));
+  }
+  return Checked(err, "cudaEventRecord", field);
+}
+
+absl::StatusOr<bool> CudaBackend::EventDone(Event event) {
+  // No usability check: a completion must learn the device's fate (the
+  // query then reports the sticky error, and the queue drains the stream).
+  (void)cudaSetDevice(device_.ordinal);
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  RETURN_IF_ERROR(Checked(err, "cudaEventQuery", "a request's completion"));
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<core::RequestChain>> CudaBackend::BeginChain(
+    const std::string& session, const core::IpcEvents& events, bool async) {
+  RETURN_IF_ERROR(CheckUsable());
+  std::shared_ptr<IpcEvent> wait;
+  std::shared_ptr<IpcEvent> record;
+  if (!events.wait.empty()) {
+    ASSIGN_OR_RETURN(wait, events_.Get(session, events.wait, "wait_event"));
+  }
+  if (!events.record.empty()) {
+    ASSIGN_OR_RETURN(record, events_.Get(session, events.record, "record_event"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<StreamChain> chain,
+                   StreamChain::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_},
+                                      &completions_, std::move(wait), std::move(record), async));
+  return std::unique_ptr<core::RequestChain>(std::move(chain));
+}
+
+void CudaBackend::EndSession(const std::string& session) { events_.EndSession(session); }
+
+}  // namespace tokensel::backends

@@ -1,0 +1,77 @@
+// IpcEventCache (contract: ipc_event_cache.h).
+#include "server/backends/ipc_event_cache.h"
+
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/core/backend.h"
+
+namespace tokensel::backends {
+
+absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& session,
+                                                             absl::string_view handle,
+                                                             absl::string_view field) {
+  if (handle.size() != core::IpcEvents::kHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", handle.size(),
+                                                   " bytes; a cudaIpcEventHandle_t is exactly ",
+                                                   core::IpcEvents::kHandleBytes));
+  }
+  const std::string key(handle);
+  std::shared_ptr<IpcEvent> dropped;  // destroyed after the lock is released
+  tokensel::MutexLock lock(&mu_);
+  Lru& lru = sessions_[session];
+  for (auto it = lru.begin(); it != lru.end(); ++it) {
+    if (it->first == key) {
+      lru.splice(lru.begin(), lru, it);
+      return lru.front().second;
+    }
+  }
+  // Expired entries (events no session or request holds) are forgotten
+  // once they could outnumber the live ones: the table stays bounded.
+  if (open_.size() > 2 * per_session_ * sessions_.size() + 64) PruneLocked();
+  std::shared_ptr<IpcEvent> event = open_[key].lock();
+  if (event == nullptr) {
+    ASSIGN_OR_RETURN(const StreamDevice::Event opened, device_->OpenIpcEvent(handle, field));
+    event = std::make_shared<IpcEvent>(device_, opened);
+    open_[key] = event;
+    ++opens_;
+  }
+  lru.emplace_front(key, event);
+  if (lru.size() > per_session_) {
+    dropped = std::move(lru.back().second);
+    lru.pop_back();
+  }
+  // `dropped` may be the last reference: it is destroyed when this returns,
+  // after `lock` (declared after it) has released the mutex.
+  return event;
+}
+
+void IpcEventCache::EndSession(const std::string& session) {
+  Lru dropped;  // destroyed after the lock is released
+  tokensel::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  dropped.swap(it->second);
+  sessions_.erase(it);
+  PruneLocked();
+}
+
+void IpcEventCache::PruneLocked() {
+  for (auto o = open_.begin(); o != open_.end();) {
+    o = o->second.expired() ? open_.erase(o) : std::next(o);
+  }
+}
+
+size_t IpcEventCache::cached(const std::string& session) const {
+  tokensel::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  return it == sessions_.end() ? 0 : it->second.size();
+}
+
+size_t IpcEventCache::opens() const {
+  tokensel::MutexLock lock(&mu_);
+  return opens_;
+}
+
+}  // namespace tokensel::backends

@@ -1,0 +1,96 @@
+// IpcEventCache: the CUDA IPC events clients name in Execute (wait_event /
+// record_event), opened on one device (StreamDevice::OpenIpcEvent, with
+// that device current) and kept per session, so a client that reuses its
+// events costs one cudaIpcOpenEventHandle per handle, not one per request.
+//
+// Bound: at most `per_session` (default 64) events per session; opening one
+// more drops the session's least recently used (LRU, not an error: a client
+// cycling through many events is served, it only pays the opens again).
+// EndSession drops all of the session's. A dropped event is destroyed when
+// the last request still using it lets go (IpcEvent is shared): a chain
+// holds its events until its Commit enqueued the record, and
+// cudaEventDestroy of an event whose record is still pending is legal (the
+// driver releases it once the record completes).
+// The same handle in several sessions is opened once while any holds it
+// (the mapper does the same for memory handles: the driver may refuse a
+// second open of one handle in a process).
+//
+// Trust (as server/memory/cuda_ipc_mapper.h for memory handles): the handle
+// is a capability. The server cannot tell which process exported it (the 64
+// bytes are opaque; the driver checks only that they name a live
+// interprocess event of this node): a client may name any event whose
+// handle it learnt. What the driver rejects (wrong length, not an
+// interprocess event, its exporter gone, garbage) is INVALID_ARGUMENT naming
+// the field; it never marks the device failed unless the driver reports a
+// sticky error. Waiting on an event delays only the request that waits;
+// recording one signals whoever waits on it, which is what knowing the
+// handle allows anyway.
+//
+// Thread-safe; opens are serialized by the cache's lock (as the memory
+// mapper's are: a handle is never opened twice at once); events are
+// destroyed outside the lock. The device outlives
+// the cache and every IpcEvent.
+#ifndef TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
+#define TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
+
+#include <cstddef>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/mutex.h"
+#include "server/backends/stream_lease.h"
+
+namespace tokensel::backends {
+
+// One opened client event; destroyed (StreamDevice::DestroyEvent) with the
+// last reference.
+class IpcEvent {
+ public:
+  IpcEvent(StreamDevice* device, StreamDevice::Event event) : device_(device), event_(event) {}
+  ~IpcEvent() { device_->DestroyEvent(event_); }
+  IpcEvent(const IpcEvent&) = delete;
+  IpcEvent& operator=(const IpcEvent&) = delete;
+  StreamDevice::Event get() const { return event_; }
+
+ private:
+  StreamDevice* const device_;
+  const StreamDevice::Event event_;
+};
+
+class IpcEventCache {
+ public:
+  static constexpr size_t kDefaultPerSession = 64;
+  explicit IpcEventCache(StreamDevice* device, size_t per_session = kDefaultPerSession)
+      : device_(device), per_session_(per_session < 1 ? 1 : per_session) {}
+
+  // `session`'s event for `handle`, opened on first use. INVALID_ARGUMENT
+  // naming `field` for a handle that is not 64 bytes or does not open.
+  absl::StatusOr<std::shared_ptr<IpcEvent>> Get(const std::string& session,
+                                                absl::string_view handle, absl::string_view field);
+  void EndSession(const std::string& session);
+
+  size_t cached(const std::string& session) const;
+  size_t opens() const;  // OpenIpcEvent calls that succeeded so far
+
+ private:
+  // Forgets the handles whose event is gone.
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Most recently used first.
+  using Lru = std::list<std::pair<std::string, std::shared_ptr<IpcEvent>>>;
+
+  StreamDevice* const device_;
+  const size_t per_session_;
+  mutable tokensel::Mutex mu_;
+  std::map<std::string, Lru> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::weak_ptr<IpcEvent>> open_ ABSL_GUARDED_BY(mu_);  // by handle
+  size_t opens_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tokensel::backends
+
+#endif  // TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_

@@ -1,0 +1,99 @@
+// Executor::RunChain: the ops of an Execute that carries CUDA IPC events
+// (contract: executor.h, RunAll; the device side: RequestChain in backend.h).
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/core/executor.h"
+
+namespace tokensel::core {
+
+absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& session,
+                                                         absl::Span<const OpRequest> ops,
+                                                         const RunOptions& options) {
+  const IpcEvents& events = *options.events;
+  RETURN_IF_ERROR(CheckResponse(ops));
+  // Everything that can be refused from metadata is refused before the
+  // stream waits on the client's event, so that nothing is queued for it.
+  bool inline_outputs = false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (absl::Status work = CheckWork(ops[i]); !work.ok()) {
+      return absl::Status(work.code(), absl::StrCat("ops[", i, "] ", work.message()));
+    }
+    inline_outputs = inline_outputs || InlineOutputs(ops[i]) > 0;
+  }
+  // Asynchronous only when the reply needs nothing from the device: inline
+  // outputs are in the reply, so their request completes first (the event
+  // is still recorded after the last op).
+  const bool async = !events.record.empty() && !inline_outputs && options.async != nullptr;
+  // Counted (and capped) too: a sync request that waits on a client event,
+  // which may leave its stream behind waiting (RequestChain::AwaitWait).
+  std::optional<AsyncRequests::Ticket> ticket;
+  if (options.async != nullptr && (async || !events.wait.empty())) {
+    ASSIGN_OR_RETURN(ticket, options.async->Admit(session));
+  }
+  // One device for the whole request (its by-reference tensors decide), so
+  // that every op runs on the one stream of the chain.
+  ASSIGN_OR_RETURN(BackendRoute route, Route(session, ops));
+  Backend& backend = route.backend();
+  ASSIGN_OR_RETURN(std::unique_ptr<RequestChain> chain, backend.BeginChain(session, events, async));
+  // Async: a reservation of the request's own, which the chain holds until
+  // the device work completed (nothing of it goes into the reply).
+  MemoryBudget::Reservation own =
+      budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
+  MemoryBudget::Reservation* memory = (!async && options.memory != nullptr) ? options.memory : &own;
+  std::vector<OpResult> results;
+  results.reserve(ops.size());
+  std::vector<BufferLease> keep;
+  // Sync: the host waits for the client's event first, within the call's
+  // deadline (Finish's synchronization could not be interrupted).
+  absl::Status status = chain->AwaitWait(options.stop);
+  for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
+    const std::string label = absl::StrCat("ops[", i, "] (", OpName(ops[i]), ")");
+    absl::StatusOr<std::unique_ptr<RequestLease>> lease = chain->BeginOp(label);
+    OpResult result;
+    uint64_t staged = 0;
+    if (lease.ok()) {
+      status = RunLeased(session, ops[i], backend, lease->get(), memory, options,
+                         async ? &keep : nullptr, &result, &staged);
+      // Sync: the lease drains and returns its staging. Async: it hands its
+      // staging and op to the chain (nothing waits).
+      lease->reset();
+    } else {
+      status = lease.status();
+    }
+    if (!async) memory->Shrink(staged);
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat(label, ": ", status.message()));
+    } else {
+      results.push_back(std::move(result));
+    }
+  }
+  RequestChain::DoneFn done;
+  if (async) {
+    // Whatever was launched keeps its memory until it completed: the
+    // buffers (an UnregisterBuffer or a session end meanwhile is deferred),
+    // the reservation, and the route (the device counts it in flight).
+    for (BufferLease& l : keep) chain->Hold(std::make_shared<BufferLease>(std::move(l)));
+    chain->Hold(std::make_shared<MemoryBudget::Reservation>(std::move(own)));
+    chain->Hold(std::make_shared<BackendRoute>(std::move(route)));
+  }
+  if (ticket.has_value()) {
+    auto shared = std::make_shared<AsyncRequests::Ticket>(std::move(*ticket));
+    // Only an async request that answered OK can have a deferred error;
+    // the others answered their error themselves.
+    const bool report = async && status.ok();
+    done = [shared, report](const absl::Status& deferred) {
+      shared->Complete(report ? deferred : absl::OkStatus());
+    };
+  }
+  const absl::Status committed = chain->Commit(std::move(done));
+  chain.reset();
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(committed);
+  return results;
+}
+
+}  // namespace tokensel::core

@@ -1,0 +1,232 @@
+// Execute with CUDA IPC events, without a device (issue 12 item 8): the
+// executor's RunChain over StreamChain / StreamLease / CompletionQueue on
+// FakeStreamDevice (stream_chain_test.h). The fake runs queued work only at
+// a host synchronization (logged "sync" / "drain") or when the test lets the
+// device progress (nothing logged): so an async reply that waited, a record
+// issued before an op, a block or buffer released before the device work
+// completed, all show here as a wrong log, stale memory or a wrong count.
+#include "tests/server/backends/stream_chain_test.h"
+
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+
+namespace tokensel::testing {
+namespace {
+
+using ::absl::StatusCode;
+using kernels::DType;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+std::vector<float> Floats(const float* p, size_t n) { return std::vector<float>(p, p + n); }
+
+TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCompletes) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  absl::StatusOr<std::vector<core::OpResult>> r =
+      Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r'));
+  ASSERT_OK(r);
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_TRUE((*r)[0].outputs.empty());
+  const StreamDevice::Stream s = LastStream();
+  // Replied with the work still queued: no host synchronization, the client
+  // event recorded after the op, then the private completion event.
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"record", s},
+                                       Call{"complete", s}));
+  EXPECT_THAT(Floats(out, 8), ElementsAreArray(std::vector<float>(8, 0.f))) << "not run yet";
+  // Held: the workspace, the scratch reservation, the stream, the buffers
+  // (unregistering them now only drops the names), the async slot.
+  EXPECT_EQ(pools_.InUse(), 1u);
+  EXPECT_GT(budget_.used_bytes(), 0u);
+  EXPECT_EQ(device_.free_streams(), 0u);
+  ASSERT_OK(registry_.Unregister("s", "acts"));
+  ASSERT_OK(registry_.Unregister("s", "out"));
+  EXPECT_EQ(device_mapper_.live_mappings(), 3) << "the in-flight request leases its buffers";
+  EXPECT_EQ(async_.inflight("s"), 1u);
+  EXPECT_EQ(backend_.queue().Poll(), 0) << "the device has not got there";
+  EXPECT_EQ(pools_.InUse(), 1u);
+
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(budget_.used_bytes(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+  EXPECT_EQ(device_mapper_.live_mappings(), 1) << "only idx is still registered";
+  EXPECT_EQ(async_.inflight("s"), 0u);
+  EXPECT_OK(async_.TakeDeferred("s"));
+  EXPECT_EQ(device_.live_events(), 2u) << "the client's events stay cached; the private one went";
+}
+
+TEST_F(ChainTest, AllOpsRunOnOneStreamBetweenTheWaitAndTheRecord) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out2 = AddBuffer("out2", std::vector<float>(8, 0.f));
+  // The second op reads an inline copy of the indices: staged after the
+  // wait, on the same stream, its blocks held until completion.
+  core::GatherTokensRequest second =
+      std::get<core::GatherTokensRequest>(Gather("acts", "", "out2"));
+  second.indices.source = core::TensorSpec::Source::kInline;
+  second.indices.buffer.clear();
+  second.indices.inline_data =
+      absl::string_view(reinterpret_cast<const char*>(kChainIdx.data()), kChainIdx.size() * 4);
+  ASSERT_OK(Execute({Gather("acts", "idx", "out"), second}, Handle('w'), Handle('r')));
+  const StreamDevice::Stream s = LastStream();
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"h2d", s},
+                                       Call{"kernel", s}, Call{"record", s}, Call{"complete", s}));
+  EXPECT_EQ(pools_.InUse(), 4u) << "two workspaces, a pinned and a device staging block";
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_THAT(Floats(out2, 8), ElementsAreArray(kChainGathered));
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(budget_.used_bytes(), 0u);
+}
+
+TEST_F(ChainTest, ABadIndexOnTheDeviceIsTheSessionsDeferredError) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("bad", std::vector<int32_t>{2, 0, 7, 1});  // 7 >= S = 3
+  AddBuffer("idx", kChainIdx);
+  float* out = AddBuffer("out", std::vector<float>(8, -1.f));
+  float* out2 = AddBuffer("out2", std::vector<float>(8, -1.f));
+  // ops[0] fails on the device; ops[1] runs all the same (documented).
+  ASSERT_OK(
+      Execute({Gather("acts", "bad", "out"), Gather("acts", "idx", "out2")}, "", Handle('r')));
+  EXPECT_OK(async_.TakeDeferred("s")) << "nothing is known before completion";
+  device_.Progress(LastStream());
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  const absl::Status deferred = async_.TakeDeferred("s");
+  EXPECT_EQ(deferred.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(deferred.message(),
+              HasSubstr("deferred from async Execute #1 of this session: ops[0] (GatherTokens): "));
+  EXPECT_THAT(Floats(out, 8), ElementsAreArray(std::vector<float>(8, -1.f)))
+      << "the failed op wrote nothing";
+  EXPECT_THAT(Floats(out2, 8), ElementsAreArray(kChainGathered)) << "the later op ran";
+  EXPECT_OK(async_.TakeDeferred("s")) << "reported once";
+  EXPECT_EQ(pools_.InUse(), 0u);
+}
+
+TEST_F(ChainTest, InlineOutputsMakeTheEventedExecuteSynchronous) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  absl::StatusOr<std::vector<core::OpResult>> r =
+      Execute({Gather("acts", "idx", "")}, Handle('w'), Handle('r'));
+  ASSERT_OK(r);
+  ASSERT_EQ((*r)[0].outputs.size(), 1u);
+  std::vector<float> got(8);
+  std::memcpy(got.data(), (*r)[0].outputs[0].data.data(), 32);
+  EXPECT_THAT(got, ElementsAreArray(kChainGathered));
+  const StreamDevice::Stream s = LastStream();
+  // The output is zeroed and copied back on the stream, the op synchronized
+  // (the reply needs the bytes), and the client's event still recorded.
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"wait", s}, Call{"zero", s}, Call{"kernel", s}, Call{"d2h", s},
+                          Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_EQ(backend_.queue().pending(), 0u);
+  EXPECT_EQ(pools_.InUse(), 0u);
+}
+
+TEST_F(ChainTest, WaitEventAloneWaitsThenRunsSynchronously) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
+  const StreamDevice::Stream s = LastStream();
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"sync", s}, Call{"drain", s}));
+  EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+}
+
+TEST_F(ChainTest, ZeroOpsWaitAndRecordOnly) {
+  ASSERT_OK(Execute({}, Handle('w'), Handle('r')));
+  const StreamDevice::Stream s = LastStream();
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"record", s}, Call{"complete", s}));
+  EXPECT_EQ(async_.inflight("s"), 1u);
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight("s"), 0u);
+}
+
+TEST_F(ChainTest, TheAsyncCapsRefuseBeforeAnythingRuns) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  AddBuffer("out", std::vector<float>(8, 0.f));
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
+  const size_t calls = device_.log.size();
+  absl::StatusOr<std::vector<core::OpResult>> third =
+      Execute({Gather("acts", "idx", "out")}, "", Handle('r'));
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("in this session"));
+  EXPECT_EQ(device_.log.size(), calls) << "a refused request touches nothing";
+  // Another session: one more fits the server's 3, the next does not.
+  AddBuffer("acts", kChainActs, "t");
+  AddBuffer("idx", kChainIdx, "t");
+  AddBuffer("out", std::vector<float>(8, 0.f), "t");
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r'), "t"));
+  absl::StatusOr<std::vector<core::OpResult>> fourth =
+      Execute({Gather("acts", "idx", "out")}, "", Handle('r'), "t");
+  EXPECT_EQ(fourth.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(fourth.status().message(), HasSubstr("in the server"));
+  EXPECT_EQ(async_.rejected(), 2u);
+  // Neither answered early nor waiting on the client: not capped.
+  ASSERT_OK(Execute({Gather("acts", "idx", "")}, "", Handle('r'), "t"));
+  // A request that waits on a client event is capped too (its stream may
+  // be left waiting).
+  EXPECT_THAT(Execute({Gather("acts", "idx", "")}, Handle('w'), "", "t").status(),
+              StatusIs(StatusCode::kResourceExhausted));
+  backend_.queue().Shutdown();  // completes the three (drains their streams)
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_EQ(pools_.InUse(), 0u);
+}
+
+// A stop token that has fired (the call's deadline passed).
+class Expired final : public kernels::StopToken {
+ public:
+  absl::Status Check() const override { return absl::DeadlineExceededError("deadline passed"); }
+};
+
+TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  device_.pending_handles.insert(Handle('p'));
+  const Expired expired;
+  events_ = core::IpcEvents{Handle('p'), ""};
+  core::RunOptions options;
+  options.events = &events_;
+  options.async = &async_;
+  options.stop = &expired;
+  const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
+  EXPECT_THAT(executor_.RunAll("s", ops, options).status(),
+              StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
+  const StreamDevice::Stream s = LastStream();
+  // Nothing ran, nothing synchronized on the host: the stream (still
+  // waiting on the client's event) went to the completion queue.
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"complete", s}));
+  EXPECT_EQ(backend_.queue().pending(), 1u);
+  EXPECT_EQ(async_.inflight("s"), 1u) << "counted against the caps while it waits";
+  EXPECT_EQ(out[0], 0.f);
+  // The same request without a deadline problem, once the client is done:
+  // it runs (the host poll saw the event complete).
+  device_.ClientEventDone(Handle('p'));
+  options.stop = nullptr;
+  ASSERT_OK(executor_.RunAll("s", ops, options));
+  EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_OK(async_.TakeDeferred("s")) << "the request answered its error itself";
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 2u);
+}
+
+}  // namespace
+}  // namespace tokensel::testing
