@@ -29,10 +29,6 @@ using ::tokensel::testing::FakeStreamDevice;
 using ::tokensel::testing::LeasePools;
 using ::tokensel::testing::StatusIs;
 
-absl::Status ToAbsl(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 // The server's backend: forwards to the test's ChainBackend.
 class Forward final : public core::Backend {
  public:
