@@ -7,7 +7,10 @@
 // completed, all show here as a wrong log, stale memory or a wrong count.
 #include "tests/server/backends/stream_chain_test.h"
 
+#include <chrono>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -124,8 +127,8 @@ TEST_F(ChainTest, InlineOutputsMakeTheEventedExecuteSynchronous) {
   // The output is zeroed and copied back on the stream, the op synchronized
   // (the reply needs the bytes), and the client's event still recorded.
   EXPECT_THAT(device_.log,
-              ElementsAre(Call{"wait", s}, Call{"zero", s}, Call{"kernel", s}, Call{"d2h", s},
-                          Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
+              ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"zero", s}, Call{"kernel", s},
+                          Call{"d2h", s}, Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(backend_.queue().pending(), 0u);
   EXPECT_EQ(pools_.InUse(), 0u);
@@ -137,8 +140,8 @@ TEST_F(ChainTest, WaitEventAloneWaitsThenRunsSynchronously) {
   float* out = AddBuffer("out", std::vector<float>(8, 0.f));
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log,
-              ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"sync", s}, Call{"drain", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"kernel", s},
+                                       Call{"sync", s}, Call{"drain", s}));
   EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(device_.free_streams(), 1u);
@@ -210,7 +213,8 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   const StreamDevice::Stream s = LastStream();
   // Nothing ran, nothing synchronized on the host: the stream (still
   // waiting on the client's event) went to the completion queue.
-  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"complete", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"complete", s}));
+  EXPECT_EQ(backend_.queue().Poll(), 0) << "the stream still waits on the client";
   EXPECT_EQ(backend_.queue().pending(), 1u);
   EXPECT_EQ(async_.inflight("s"), 1u) << "counted against the caps while it waits";
   EXPECT_EQ(out[0], 0.f);
@@ -226,6 +230,72 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   EXPECT_OK(async_.TakeDeferred("s")) << "the request answered its error itself";
   EXPECT_EQ(pools_.InUse(), 0u);
   EXPECT_EQ(device_.free_streams(), 2u);
+}
+
+// The client records its wait event again (on an idle stream) while the
+// server's stream still waits on the previous record: the client's event
+// then reports done, but the stream would block a host synchronization for
+// ever. The host must watch what the stream waits on (the marker).
+class RerecordThenExpire final : public kernels::StopToken {
+ public:
+  RerecordThenExpire(FakeStreamDevice* device, std::string handle)
+      : device_(device), handle_(std::move(handle)) {}
+  absl::Status Check() const override {
+    if (++checks_ == 1) {
+      device_->ClientRerecord(handle_);
+      return absl::OkStatus();
+    }
+    return checks_ > 50 ? absl::DeadlineExceededError("deadline passed") : absl::OkStatus();
+  }
+
+ private:
+  FakeStreamDevice* const device_;
+  const std::string handle_;
+  mutable int checks_ = 0;
+};
+
+TEST_F(ChainTest, AClientThatRecordsItsWaitEventAgainDoesNotReleaseTheSyncWait) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  device_.pending_handles.insert(Handle('p'));
+  const RerecordThenExpire stop(&device_, Handle('p'));
+  events_ = core::IpcEvents{Handle('p'), ""};
+  core::RunOptions options;
+  options.events = &events_;
+  options.async = &async_;
+  options.stop = &stop;
+  const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
+  EXPECT_THAT(executor_.RunAll("s", ops, options).status(),
+              StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
+  const StreamDevice::Stream s = LastStream();
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"complete", s}))
+      << "no op ran, nothing synchronized";
+  EXPECT_EQ(out[0], 0.f);
+  // The original record completes: the stream's wait ends, the queue sees it.
+  device_.ClientEventDone(Handle('p'));
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+}
+
+TEST_F(ChainTest, ASyncWaitWithoutADeadlineEndsAtTheServersMaximum) {
+  AddBuffer("acts", kChainActs);
+  AddBuffer("idx", kChainIdx);
+  AddBuffer("out", std::vector<float>(8, 0.f));
+  device_.pending_handles.insert(Handle('p'));
+  backend_.set_max_host_wait(std::chrono::milliseconds(30));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<core::OpResult>> r =
+      Execute({Gather("acts", "idx", "out")}, Handle('p'), "");
+  EXPECT_THAT(r.status(), StatusIs(StatusCode::kDeadlineExceeded, "wait_event"));
+  EXPECT_THAT(r.status().message(), HasSubstr("the server's maximum wait of 30 ms"));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+  EXPECT_EQ(backend_.queue().pending(), 1u) << "abandoned: the stream waits off-thread";
+  device_.ClientEventDone(Handle('p'));
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight(), 0u);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_STREAM_CHAIN_TEST_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_STREAM_CHAIN_TEST_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -56,9 +57,21 @@ class ChainBackend final : public StreamBackend {
     ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamChain> chain,
                      backends::StreamChain::Begin(device_, pools_, &queue_, std::move(wait),
                                                   std::move(record), async));
+    chain->set_max_host_wait(max_host_wait_);
     return std::unique_ptr<core::RequestChain>(std::move(chain));
   }
   void EndSession(const std::string& session) override { events_.EndSession(session); }
+  // Two devices (multi_device tests): the request's buffers route it.
+  std::vector<core::DeviceDescription> devices() const override {
+    return std::vector<core::DeviceDescription>(two_devices_ ? 2 : 1);
+  }
+  absl::StatusOr<core::BackendRoute> Route(
+      absl::FunctionRef<std::vector<core::TensorPlacement>()> placements) override {
+    (void)placements();
+    return core::BackendRoute(this);
+  }
+  void set_two_devices(bool two) { two_devices_ = two; }
+  void set_max_host_wait(std::chrono::milliseconds wait) { max_host_wait_ = wait; }
 
   backends::CompletionQueue& queue() { return queue_; }
   backends::IpcEventCache& events() { return events_; }
@@ -66,6 +79,8 @@ class ChainBackend final : public StreamBackend {
  private:
   backends::CompletionQueue queue_;
   backends::IpcEventCache events_;
+  bool two_devices_ = false;
+  std::chrono::milliseconds max_host_wait_ = backends::StreamChain::kMaxHostWait;
 };
 
 // A by-reference tensor spec.
