@@ -130,7 +130,7 @@ absl::Status StreamChain::HandOff() {
   // fails, the queue watches the stream itself (QueryStream) instead of
   // the event: still no host synchronization (the stream may be waiting on
   // a client's event that never completes).
-  const absl::Status marked = device_->RecordEvent(w.done_event, w.stream, "the completion event");
+  absl::Status marked = device_->RecordEvent(w.done_event, w.stream, "the completion event");
   w.query_stream = !marked.ok();
   // The request answers this error now: not again as a deferred one.
   if (!marked.ok()) w.report = false;

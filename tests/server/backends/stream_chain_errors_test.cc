@@ -16,9 +16,7 @@ using ::absl::StatusCode;
 using ::testing::HasSubstr;
 
 TEST_F(ChainTest, AHandleTheDriverRefusesIsInvalidArgumentAndNothingIsHeld) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   absl::StatusOr<std::vector<core::OpResult>> r =
       Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('\xFF'));
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -36,9 +34,7 @@ TEST_F(ChainTest, AHandleTheDriverRefusesIsInvalidArgumentAndNothingIsHeld) {
 }
 
 TEST_F(ChainTest, AHostErrorInALaterOpIsReturnedAndTheLaunchedOpsStillComplete) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   absl::StatusOr<std::vector<core::OpResult>> r = Execute(
       {Gather("acts", "idx", "out"), Gather("acts", "missing", "out")}, Handle('w'), Handle('r'));
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
@@ -57,9 +53,7 @@ TEST_F(ChainTest, AHostErrorInALaterOpIsReturnedAndTheLaunchedOpsStillComplete) 
 }
 
 TEST_F(ChainTest, WithoutACompletionEventTheRequestFailsBeforeAnythingRuns) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   device_.fail_create_event = true;
   EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r')).status(),
               StatusIs(StatusCode::kInternal));
@@ -74,9 +68,7 @@ TEST_F(ChainTest, WithoutACompletionEventTheRequestFailsBeforeAnythingRuns) {
 // a client event that has not completed: no host synchronization (it would
 // block for ever); the queue watches the stream itself.
 TEST_F(ChainTest, ACompletionEventThatCannotBeRecordedIsReplacedByQueryingTheStream) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   device_.pending_handles.insert(Handle('p'));
   device_.fail_record_private = true;
   EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('p'), Handle('r')).status(),
@@ -97,9 +89,7 @@ TEST_F(ChainTest, ACompletionEventThatCannotBeRecordedIsReplacedByQueryingTheStr
 }
 
 TEST_F(ChainTest, AFailedCompletionQueryWatchesTheStreamAndIsTheDeferredError) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   device_.fail_event_query = true;
   EXPECT_EQ(backend_.queue().Poll(), 0) << "the stream still has work: not drained";
@@ -116,9 +106,7 @@ TEST_F(ChainTest, AFailedCompletionQueryWatchesTheStreamAndIsTheDeferredError) {
 // stream) must not escape the completion thread (it would end the
 // process), and the request's ticket must still complete.
 TEST_F(ChainTest, AnExceptionCompletingAnItemStillCompletesItsTicket) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   device_.Progress(LastStream());
   device_.throw_in_release_stream = true;
@@ -132,9 +120,7 @@ TEST_F(ChainTest, AnExceptionCompletingAnItemStillCompletesItsTicket) {
 }
 
 TEST_F(ChainTest, AFailedStreamQueryCompletesOnlyOnceTheDeviceIsOutOfService) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   device_.fail_event_query = true;
   device_.fail_stream_query = true;
@@ -146,9 +132,7 @@ TEST_F(ChainTest, AFailedStreamQueryCompletesOnlyOnceTheDeviceIsOutOfService) {
 }
 
 TEST_F(ChainTest, ASessionEndingInFlightKeepsItsMemoryUntilTheWorkCompletes) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r')));
   // What the server's session end does (server/app/server.cc).
   registry_.UnregisterAll("s");
@@ -203,9 +187,7 @@ TEST_F(ChainTest, AChainThatIsNotCommittedNeverSynchronizesAStreamThatWaitsOnThe
 // the request's buffer leases must outlive the device work the chain's
 // destructor still waits for, or the kernel uses unmapped memory.
 TEST_F(ChainTest, AnExceptionKeepsTheBuffersMappedUntilTheLaunchedWorkIsDone) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   device_.on_launch = [this] {
     registry_.UnregisterAll("s");  // a concurrent UnregisterBuffer / session end
     throw std::bad_alloc();
@@ -228,9 +210,7 @@ TEST_F(ChainTest, AnExceptionKeepsTheBuffersMappedUntilTheLaunchedWorkIsDone) {
 // it (client_event_error.h): a client that destroyed its event controls
 // the code.
 TEST_F(ChainTest, AClientEventErrorFailsTheDeviceOnlyIfTheProbeConfirms) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   struct Case {
     const char* call;
     int code;
@@ -288,9 +268,7 @@ TEST_F(ChainTest, SeveralDevicesRefuseAnEventedExecuteThatNamesNoBuffer) {
   EXPECT_EQ(device_.ipc_opens, 0);
   EXPECT_EQ(async_.inflight(), 0u);
   // With a buffer it runs; on one device, without one too.
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   EXPECT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
   backend_.set_two_devices(false);
   EXPECT_OK(Execute({}, Handle('w'), ""));

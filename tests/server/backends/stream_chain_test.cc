@@ -19,7 +19,6 @@ namespace tokensel::testing {
 namespace {
 
 using ::absl::StatusCode;
-using kernels::DType;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -27,9 +26,7 @@ using ::testing::HasSubstr;
 std::vector<float> Floats(const float* p, size_t n) { return std::vector<float>(p, p + n); }
 
 TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCompletes) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   absl::StatusOr<std::vector<core::OpResult>> r =
       Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r'));
   ASSERT_OK(r);
@@ -66,9 +63,7 @@ TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCom
 }
 
 TEST_F(ChainTest, AllOpsRunOnOneStreamBetweenTheWaitAndTheRecord) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   float* out2 = AddBuffer("out2", std::vector<float>(8, 0.f));
   // The second op reads an inline copy of the indices: staged after the
   // wait, on the same stream, its blocks held until completion.
@@ -135,9 +130,7 @@ TEST_F(ChainTest, InlineOutputsMakeTheEventedExecuteSynchronous) {
 }
 
 TEST_F(ChainTest, WaitEventAloneWaitsThenRunsSynchronously) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
   const StreamDevice::Stream s = LastStream();
   EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"kernel", s},
@@ -158,9 +151,7 @@ TEST_F(ChainTest, ZeroOpsWaitAndRecordOnly) {
 }
 
 TEST_F(ChainTest, TheAsyncCapsRefuseBeforeAnythingRuns) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   const size_t calls = device_.log.size();
@@ -197,18 +188,12 @@ class Expired final : public kernels::StopToken {
 };
 
 TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   device_.pending_handles.insert(Handle('p'));
   const Expired expired;
-  events_ = core::IpcEvents{Handle('p'), ""};
-  core::RunOptions options;
-  options.events = &events_;
-  options.async = &async_;
-  options.stop = &expired;
+  stop_ = &expired;
   const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
-  EXPECT_THAT(executor_.RunAll("s", ops, options).status(),
+  EXPECT_THAT(Execute(ops, Handle('p'), "").status(),
               StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
   const StreamDevice::Stream s = LastStream();
   // Nothing ran, nothing synchronized on the host: the stream (still
@@ -221,8 +206,8 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   // The same request without a deadline problem, once the client is done:
   // it runs (the host poll saw the event complete).
   device_.ClientEventDone(Handle('p'));
-  options.stop = nullptr;
-  ASSERT_OK(executor_.RunAll("s", ops, options));
+  stop_ = nullptr;
+  ASSERT_OK(Execute(ops, Handle('p'), ""));
   EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
   device_.Progress(s);
   EXPECT_EQ(backend_.queue().Poll(), 1);
@@ -255,18 +240,11 @@ class RerecordThenExpire final : public kernels::StopToken {
 };
 
 TEST_F(ChainTest, AClientThatRecordsItsWaitEventAgainDoesNotReleaseTheSyncWait) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   device_.pending_handles.insert(Handle('p'));
   const RerecordThenExpire stop(&device_, Handle('p'));
-  events_ = core::IpcEvents{Handle('p'), ""};
-  core::RunOptions options;
-  options.events = &events_;
-  options.async = &async_;
-  options.stop = &stop;
-  const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
-  EXPECT_THAT(executor_.RunAll("s", ops, options).status(),
+  stop_ = &stop;
+  EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('p'), "").status(),
               StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
   const StreamDevice::Stream s = LastStream();
   EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"complete", s}))
@@ -281,9 +259,7 @@ TEST_F(ChainTest, AClientThatRecordsItsWaitEventAgainDoesNotReleaseTheSyncWait) 
 }
 
 TEST_F(ChainTest, ASyncWaitWithoutADeadlineEndsAtTheServersMaximum) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   device_.pending_handles.insert(Handle('p'));
   backend_.set_max_host_wait(std::chrono::milliseconds(30));
   const auto start = std::chrono::steady_clock::now();

@@ -94,6 +94,11 @@ inline core::TensorSpec DeviceBuf(const std::string& name, kernels::DType dtype,
   return spec;
 }
 
+inline const std::vector<float> kChainActs = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
+inline const std::vector<int32_t> kChainIdx = {2, 0, 1, 2};
+// out[b,r,:] = acts[b, idx[b,r], :]
+inline const std::vector<float> kChainGathered = {4, 5, 0, 1, 12, 13, 14, 15};
+
 class ChainTest : public ::testing::Test {
  protected:
   static std::string Handle(char c) { return std::string(core::IpcEvents::kHandleBytes, c); }
@@ -107,6 +112,12 @@ class ChainTest : public ::testing::Test {
     std::memcpy(data, values.data(), bytes);
     EXPECT_OK(registry_.Register(s, name, core::CudaIpcSpec{handle, "GPU-fake", 0, bytes}));
     return data;
+  }
+  // The buffers of Gather("acts", "idx", "out"); out (8 zeros).
+  float* AddGatherBuffers() {
+    AddBuffer("acts", kChainActs);
+    AddBuffer("idx", kChainIdx);
+    return AddBuffer("out", std::vector<float>(8, 0.f));
   }
   static core::TensorSpec Buf(const std::string& name, kernels::DType dtype,
                               std::vector<int64_t> shape) {
@@ -129,6 +140,7 @@ class ChainTest : public ::testing::Test {
     core::RunOptions options;
     options.events = &events_;
     options.async = &async_;
+    options.stop = stop_;
     return executor_.RunAll(s, ops, options);
   }
   // The stream of the last chain: the one the first "wait" or "kernel" ran on.
@@ -146,12 +158,8 @@ class ChainTest : public ::testing::Test {
   ChainBackend backend_{&device_, pools_.pools(), 2};
   core::Executor executor_{&backend_, &registry_, nullptr, core::ExecutorLimits(), &budget_};
   core::IpcEvents events_;
+  const kernels::StopToken* stop_ = nullptr;  // the calls' stop token (Execute)
 };
-
-inline const std::vector<float> kChainActs = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
-inline const std::vector<int32_t> kChainIdx = {2, 0, 1, 2};
-// out[b,r,:] = acts[b, idx[b,r], :]
-inline const std::vector<float> kChainGathered = {4, 5, 0, 1, 12, 13, 14, 15};
 
 }  // namespace tokensel::testing
 
