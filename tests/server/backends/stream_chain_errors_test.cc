@@ -294,8 +294,10 @@ TEST_F(ChainTest, TheEventCacheIsBoundedPerSessionAndSharesAHandle) {
   cache.EndSession("s");
   EXPECT_EQ(device_.live_events(), 0u);
   EXPECT_EQ(cache.cached("s"), 0u);
+  EXPECT_EQ(cache.tracked(), 0u) << "forgotten once the session's events went";
   EXPECT_THAT(cache.Get("s", Handle('\xFF'), "record_event").status(),
               StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(cache.tracked(), 0u) << "a failed open adds nothing";
 }
 
 TEST(AsyncRequestsTest, CapsDeferredErrorsAndWaiting) {
