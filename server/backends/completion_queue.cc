@@ -149,11 +149,7 @@ void CompletionQueue::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (items_.empty()) {
-      if (stop_) {
-        exited_ = true;
-        cv_.notify_all();
-        return;
-      }
+      if (stop_) return;
       cv_.wait(lock, [this] { return stop_ || !items_.empty(); });
       backoff = kMinBackoff;
       continue;
@@ -168,17 +164,6 @@ void CompletionQueue::Loop() {
     cv_.wait_for(lock, backoff);
     backoff = std::min<std::chrono::microseconds>(2 * backoff, kMaxBackoff);
   }
-}
-
-bool CompletionQueue::ShutdownFor(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  stop_ = true;
-  cv_.notify_all();
-  if (!thread_.joinable()) return items_.empty();
-  if (!cv_.wait_for(lock, timeout, [this] { return exited_; })) return false;
-  lock.unlock();
-  thread_.join();
-  return true;
 }
 
 void CompletionQueue::Shutdown() {

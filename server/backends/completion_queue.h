@@ -32,16 +32,14 @@
 //
 // Shutdown (and the destructor) waits until every item completed, then
 // stops the thread: whoever owns the pools and the device destroys the
-// queue first. ShutdownFor waits at most a while and reports whether it
-// got there (server shutdown: a client event that never completes must not
-// hold the process for ever). With own_thread = false nothing polls but
-// Poll() (tests).
+// queue first (a server whose async work is stuck past its shutdown grace
+// leaks the backend, and so this queue, instead: server/app/server.h).
+// With own_thread = false nothing polls but Poll() (tests).
 // Push never allocates: the item comes in a one-node list (spliced), made
 // when the chain began. Thread-safe.
 #ifndef TOKENSEL_SERVER_BACKENDS_COMPLETION_QUEUE_H_
 #define TOKENSEL_SERVER_BACKENDS_COMPLETION_QUEUE_H_
 
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -84,10 +82,6 @@ class CompletionQueue {
   // the caller). `error` (not OK) replaces the ops' Finish.
   void Complete(CompletionWork& work, const absl::Status& error);
   void Shutdown();
-  // Shutdown, waiting at most `timeout` for the pending items: false if
-  // some are still pending (then the thread keeps running, detached from
-  // nothing: the queue must then be leaked, never destroyed).
-  bool ShutdownFor(std::chrono::milliseconds timeout);
   size_t pending() const;
 
  private:
@@ -103,7 +97,6 @@ class CompletionQueue {
   std::condition_variable cv_;
   std::list<CompletionWork> items_;  // guarded by mu_
   bool stop_ = false;                // guarded by mu_
-  bool exited_ = false;              // the thread left its loop; guarded by mu_
   std::thread thread_;
 };
 
