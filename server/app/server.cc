@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -262,12 +263,16 @@ void Server::Shutdown(absl::Duration grace) {
   // Async Executes answered before their device work completed still hold
   // buffer leases, reservations and the backend's streams: they complete
   // before any of those is destroyed (the device finishes them; nothing can
-  // cut a stream short). A client event that never completes keeps the
-  // server here, which the log says.
+  // cut a stream short). A client event that never completes would keep
+  // the server here for ever: after the grace, what they hold is leaked
+  // instead (LeakStuckWork) so that the process can exit.
+  bool stuck = false;
   if (async_ != nullptr && !async_->WaitAll(std::max(deadline - absl::Now(), kIdleStreamGrace))) {
-    TS_LOG(WARNING) << "shutdown: " << async_->inflight()
-                    << " asynchronous Execute(s) still waiting for the device; waiting on";
-    async_->WaitAll(absl::InfiniteDuration());
+    stuck = true;
+    TS_LOG(ERROR) << "shutdown: " << async_->inflight()
+                  << " asynchronous Execute(s) stuck (their streams wait on client events that "
+                     "have not completed); leaking the backend, buffers and budget they hold so "
+                     "that the process can exit";
   }
   {
     tokensel::MutexLock lock(&mu_);
@@ -276,6 +281,40 @@ void Server::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   if (sessions_ != nullptr) sessions_->CloseAll();
   exposer_.reset();
+  if (stuck) LeakStuckWork();
+}
+
+void Server::LeakStuckWork() {
+  // The stuck work is in the backend's completion queue, whose thread (or,
+  // for a test backend, whoever completes it) will still touch: the backend
+  // (its device, pools and the queue itself: destroying it would wait for
+  // ever), the holds (buffer leases: the buffers, their regions and
+  // mappers; the budget reservation; the route, the backend again), and the
+  // completion (the AsyncRequests ticket, which counts in the metrics).
+  // None of them is destroyed: each is released from its owner and left
+  // to the process's exit. Also what refers to them and might use them when
+  // destroyed (the executor, sessions, health watch).
+  // Kept reachable from a static list: intentionally leaked, not lost (a
+  // leak checker does not report them).
+  static auto* const leaked = new std::vector<const void*>();
+  auto leak = [](auto& owner) {
+    try {
+      leaked->push_back(owner.get());
+    } catch (...) {  // out of memory: leaked all the same, only unlisted
+    }
+    (void)owner.release();
+  };
+  leak(backend_);
+  leak(host_memory_);
+  leak(cuda_ipc_);
+  leak(cuda_vmm_);
+  leak(metrics_);
+  leak(registry_);
+  leak(budget_);
+  leak(async_);
+  leak(executor_);
+  leak(sessions_);
+  leak(health_watch_);
 }
 
 }  // namespace tokensel::server

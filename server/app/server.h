@@ -27,8 +27,13 @@
 // // new ones get UNAVAILABLE), the front end stops (the accept loop, gRPC
 // with the rest of the grace period as deadline, then cancelling; the workers
 // finish their queue; sockets removed), the reaper stops, every session is
-// closed (its buffers unmapped), the exposer stops. Idempotent; the
-// destructor calls it.
+// closed (its buffers unmapped), the exposer stops. Async Executes (CUDA
+// IPC events) still in flight are waited for until the grace (at least
+// 500 ms) ends; if some are stuck then (a client event that never
+// completes), an ERROR says how many and the backend, registry, mappers,
+// budget, async tracker, executor and metrics are leaked, not destroyed
+// (their work may still use them), so that the process can exit.
+// Idempotent; the destructor calls it.
 //
 // Thread-safe: Shutdown may race with requests and with itself.
 #ifndef TOKENSEL_SERVER_APP_SERVER_H_
@@ -147,6 +152,9 @@ class Server {
   absl::Status Init();
   absl::Status StartExposer();
   void ReaperLoop();
+  // Shutdown, when async Executes are still stuck after the grace: leaks
+  // (releases without destroying) every object their work may still use.
+  void LeakStuckWork();
 
   const ServerOptions options_;
   std::unique_ptr<core::Backend> backend_;

@@ -50,19 +50,42 @@ size_t CompletionQueue::pending() const {
 }
 
 void CompletionQueue::Complete(CompletionWork& work, const absl::Status& error) {
-  absl::Status deferred = error;
-  if (!error.ok()) {
-    deferred = absl::Status(error.code(),
-                            absl::StrCat("the request's device work failed: ", error.message()));
-  } else {
-    for (const LeaseSink::PendingOp& op : work.ops) {
-      if (!op.finish) continue;
-      const absl::Status st = FinishOp(device_, op, work.stream);
-      if (!st.ok() && deferred.ok()) {
-        deferred = absl::Status(st.code(), absl::StrCat(op.label, ": ", st.message()));
+  try {
+    absl::Status deferred = error;
+    if (!error.ok()) {
+      deferred = absl::Status(error.code(),
+                              absl::StrCat("the request's device work failed: ", error.message()));
+    } else {
+      for (const LeaseSink::PendingOp& op : work.ops) {
+        if (!op.finish) continue;
+        const absl::Status st = FinishOp(device_, op, work.stream);
+        if (!st.ok() && deferred.ok()) {
+          deferred = absl::Status(st.code(), absl::StrCat(op.label, ": ", st.message()));
+        }
+      }
+    }
+    Release(work);
+    if (!work.report) deferred = absl::OkStatus();
+    if (work.done) std::exchange(work.done, nullptr)(deferred);
+  } catch (...) {
+    // Whatever threw (a message's allocation, a hold's destructor): the
+    // rest is still returned, and the request's ticket still completed.
+    try {
+      Release(work);
+    } catch (...) {
+    }
+    if (work.done) {
+      try {
+        std::exchange(work.done, nullptr)(
+            work.report ? absl::InternalError("an exception completing the request's device work")
+                        : absl::OkStatus());
+      } catch (...) {
       }
     }
   }
+}
+
+void CompletionQueue::Release(CompletionWork& work) {
   for (const LeaseSink::PendingOp& op : work.ops) pools_.workspaces->Release(op.workspace);
   for (const auto& [pinned, device] : work.staging) {
     pools_.pinned->Release(pinned);
@@ -72,8 +95,30 @@ void CompletionQueue::Complete(CompletionWork& work, const absl::Status& error) 
   work.staging.clear();
   if (work.done_event != nullptr) device_->DestroyEvent(std::exchange(work.done_event, nullptr));
   if (work.stream != nullptr) device_->ReleaseStream(std::exchange(work.stream, nullptr));
-  work.holds.clear();
-  if (work.done) std::exchange(work.done, nullptr)(deferred);
+  // Dropped one at a time: if a destructor throws, the others still go.
+  while (!work.holds.empty()) {
+    std::shared_ptr<void> hold = std::move(work.holds.back());
+    work.holds.pop_back();
+    hold.reset();
+  }
+}
+
+bool CompletionQueue::Ready(CompletionWork& work) {
+  if (!work.query_stream && work.done_event != nullptr) {
+    absl::StatusOr<bool> done = device_->EventDone(work.done_event);
+    if (done.ok()) return *done;
+    // Watched by the stream from now on (never drained: it may wait on a
+    // client's event); the error is what the request reports.
+    work.query_stream = true;
+    work.error = done.status();
+  }
+  if (!work.query_stream) return true;
+  absl::StatusOr<bool> idle = device_->QueryStream(work.stream);
+  if (idle.ok()) return *idle;
+  if (work.error.ok()) work.error = idle.status();
+  // A failed device runs nothing more: the item completes with the error.
+  // A device still usable: queried again later.
+  return !device_->CheckUsable().ok();
 }
 
 int CompletionQueue::Poll() {
@@ -84,15 +129,11 @@ int CompletionQueue::Poll() {
   }
   int completed = 0;
   for (auto it = mine.begin(); it != mine.end();) {
-    absl::StatusOr<bool> done =
-        it->done_event != nullptr ? device_->EventDone(it->done_event) : absl::StatusOr<bool>(true);
-    if (done.ok() && !*done) {
+    if (!Ready(*it)) {
       ++it;
       continue;
     }
-    absl::Status error = done.status();
-    if (!error.ok()) error = device_->Drain(it->stream, std::move(error));
-    Complete(*it, error);
+    Complete(*it, it->error);
     it = mine.erase(it);
     ++completed;
   }

@@ -19,13 +19,22 @@
 // at a failed op, whose kernels wrote nothing), then every block goes back
 // to its pool, the event is destroyed, the stream goes back, the holds are
 // dropped, and last `done(deferred error)` runs, so that a client told its
-// request is done finds everything released. An EventDone error (a sticky
-// error of the device) drains the stream and completes the item with that
-// error instead of the ops' outcomes.
+// request is done finds everything released. An item whose event could not
+// be recorded (query_stream), or whose EventDone failed, is watched with
+// QueryStream instead: the queue NEVER synchronizes a stream on the host
+// (it may wait on a client's event that never completes). A failed query
+// completes the item with that error (instead of the ops' outcomes) once
+// the device is out of service (a failed context runs nothing more);
+// otherwise the item stays and is queried again. An exception while
+// completing an item (std::bad_alloc formatting a message, a hold's
+// destructor) is caught: `done` still runs (with INTERNAL if it had not),
+// so the request's ticket is never lost.
 //
 // Shutdown (and the destructor) waits until every item completed, then
 // stops the thread: whoever owns the pools and the device destroys the
-// queue first. With own_thread = false nothing polls but Poll() (tests).
+// queue first (a server whose async work is stuck past its shutdown grace
+// leaks the backend, and so this queue, instead: server/app/server.h).
+// With own_thread = false nothing polls but Poll() (tests).
 // Push never allocates: the item comes in a one-node list (spliced), made
 // when the chain began. Thread-safe.
 #ifndef TOKENSEL_SERVER_BACKENDS_COMPLETION_QUEUE_H_
@@ -33,6 +42,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -52,6 +62,9 @@ struct CompletionWork {
   std::vector<LeaseSink::PendingOp> ops;
   std::vector<std::shared_ptr<void>> holds;
   std::function<void(absl::Status)> done;  // may be empty
+  bool query_stream = false;  // watched by QueryStream (no event recorded, or it failed)
+  bool report = true;         // false: the request answered an error; `done` gets OK
+  absl::Status error;         // the first failed query, for the deferred error
 };
 
 class CompletionQueue {
@@ -73,6 +86,10 @@ class CompletionQueue {
 
  private:
   void Loop();
+  // Whether `work` completed (EventDone, or QueryStream: see the top).
+  bool Ready(CompletionWork& work);
+  // Returns the blocks, event, stream and holds of `work`.
+  void Release(CompletionWork& work);
 
   StreamDevice* const device_;
   const StreamPools pools_;

@@ -159,6 +159,10 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   absl::Status RecordEvent(Event event, kernels::cuda::Stream stream,
                            absl::string_view field) override;
   absl::StatusOr<bool> EventDone(Event event) override;
+  absl::StatusOr<bool> QueryStream(kernels::cuda::Stream stream) override;
+  // A failed call on a client's event (client_event_error.h): the request's
+  // error, the device marked failed only if a probe of it confirms.
+  absl::Status ClientEventFailed(int code, const char* call, absl::string_view field);
 
   // The pools' allocators (RESOURCE_EXHAUSTED when the memory is not there;
   // a sticky error marks the device failed).

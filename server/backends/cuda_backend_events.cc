@@ -5,11 +5,12 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/sticky_error.h"
+#include "server/backends/client_event_error.h"
 #include "server/backends/cuda_backend.h"
 #include "server/backends/stream_chain.h"
 
@@ -22,13 +23,48 @@ namespace kc = ::tokensel::kernels::cuda;
 // cannot use on this device (the same set the memory-handle mapper treats
 // as the client's fault, cuda_ipc_mapper.cu, plus an event of another
 // device). None is sticky.
+// cudaErrorDeviceUninitialized: what cudaIpcOpenEventHandle answers for a
+// handle of an event whose context is gone (its process exited).
 bool IsBadEvent(cudaError_t err) {
   return err == cudaErrorInvalidValue || err == cudaErrorInvalidResourceHandle ||
          err == cudaErrorMapBufferObjectFailed || err == cudaErrorInvalidDevice ||
-         err == cudaErrorNotSupported;
+         err == cudaErrorNotSupported || err == cudaErrorDeviceUninitialized;
 }
 
 }  // namespace
+
+absl::Status CudaBackend::ClientEventFailed(int code, const char* call, absl::string_view field) {
+  const auto err = static_cast<cudaError_t>(code);
+  // A non-sticky error stays the thread's last error; clear it (a sticky
+  // one the probe sees again).
+  (void)cudaGetLastError();
+  const std::string error = absl::StrCat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  return ClientEventError(field, call, error, IsBadEvent(err), [&]() -> absl::Status {
+    // A call on an object of the server's own (client_event_error.h): a
+    // dead context answers it with its sticky error, noted by Checked.
+    cudaEvent_t probe = nullptr;
+    cudaError_t perr = cudaEventCreateWithFlags(&probe, cudaEventDisableTiming);
+    if (perr == cudaSuccess) {
+      perr = cudaEventQuery(probe);
+      (void)cudaEventDestroy(probe);
+    }
+    return Checked(perr, "a probe of the device after a client event's error", field);
+  });
+}
+
+absl::StatusOr<bool> CudaBackend::QueryStream(kc::Stream stream) {
+  // No usability check (as EventDone): a completion must learn the
+  // device's fate. Never blocks (a stream may wait on a client's event).
+  (void)cudaSetDevice(device_.ordinal);
+  const cudaError_t err = cudaStreamQuery(stream);
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  RETURN_IF_ERROR(Checked(err, "cudaStreamQuery", "a request's completion"));
+  return true;
+}
 
 absl::StatusOr<StreamDevice::Event> CudaBackend::OpenIpcEvent(absl::string_view handle,
                                                               absl::string_view field) {
@@ -44,14 +80,7 @@ absl::StatusOr<StreamDevice::Event> CudaBackend::OpenIpcEvent(absl::string_view 
   cudaEvent_t event = nullptr;
   const cudaError_t err = cudaIpcOpenEventHandle(&event, h);
   if (err == cudaSuccess) return static_cast<Event>(event);
-  (void)cudaGetLastError();
-  if (IsBadEvent(err) && !kernels::cuda::IsStickyError(err)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": not a CUDA IPC event this server can open on ", label_, " (",
-        cudaGetErrorName(err), ": ", cudaGetErrorString(err),
-        "); create it with cudaEventInterprocess | cudaEventDisableTiming on this device"));
-  }
-  return Checked(err, "cudaIpcOpenEventHandle", field);
+  return ClientEventFailed(err, "cudaIpcOpenEventHandle", field);
 }
 
 absl::StatusOr<StreamDevice::Event> CudaBackend::CreateEvent() {
@@ -72,27 +101,19 @@ absl::Status CudaBackend::WaitEvent(kc::Stream stream, Event event, absl::string
   RETURN_IF_ERROR(Activate(field));
   const cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0);
   if (err == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  if (IsBadEvent(err) && !kernels::cuda::IsStickyError(err)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot be waited on by ", label_, " (",
-                                                   cudaGetErrorString(err), ")"));
-  }
-  return Checked(err, "cudaStreamWaitEvent", field);
+  return ClientEventFailed(err, "cudaStreamWaitEvent", field);
 }
 
 absl::Status CudaBackend::RecordEvent(Event event, kc::Stream stream, absl::string_view field) {
   RETURN_IF_ERROR(Activate(field));
   const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(event), stream);
   if (err == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  // An event of another device cannot be recorded on our stream: the
-  // client's mistake, not the device's.
-  if (IsBadEvent(err) && !kernels::cuda::IsStickyError(err)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot be recorded on ", label_, " (",
-                                                   cudaGetErrorString(err),
-                                                   "; the event must belong to that device)"));
-  }
-  return Checked(err, "cudaEventRecord", field);
+  // The server's own events (the completion event, the wait's marker):
+  // classified as any call. The client's (record_event): an event of
+  // another device, or one the client destroyed, is the client's mistake,
+  // not the device's (client_event_error.h).
+  if (field != "record_event") return Checked(err, "cudaEventRecord", field);
+  return ClientEventFailed(err, "cudaEventRecord", field);
 }
 
 absl::StatusOr<bool> CudaBackend::EventDone(Event event) {

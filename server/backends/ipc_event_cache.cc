@@ -20,23 +20,28 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
   const std::string key(handle);
   std::shared_ptr<IpcEvent> dropped;  // destroyed after the lock is released
   tokensel::MutexLock lock(&mu_);
-  Lru& lru = sessions_[session];
-  for (auto it = lru.begin(); it != lru.end(); ++it) {
-    if (it->first == key) {
-      lru.splice(lru.begin(), lru, it);
-      return lru.front().second;
+  if (auto s = sessions_.find(session); s != sessions_.end()) {
+    Lru& lru = s->second;
+    for (auto it = lru.begin(); it != lru.end(); ++it) {
+      if (it->first == key) {
+        lru.splice(lru.begin(), lru, it);
+        return lru.front().second;
+      }
     }
   }
   // Expired entries (events no session or request holds) are forgotten
   // once they could outnumber the live ones: the table stays bounded.
   if (open_.size() > 2 * per_session_ * sessions_.size() + 64) PruneLocked();
-  std::shared_ptr<IpcEvent> event = open_[key].lock();
+  std::shared_ptr<IpcEvent> event;
+  if (auto o = open_.find(key); o != open_.end()) event = o->second.lock();
   if (event == nullptr) {
+    // Nothing is added (no table entry, no session) if the open fails.
     ASSIGN_OR_RETURN(const StreamDevice::Event opened, device_->OpenIpcEvent(handle, field));
     event = std::make_shared<IpcEvent>(device_, opened);
     open_[key] = event;
     ++opens_;
   }
+  Lru& lru = sessions_[session];
   lru.emplace_front(key, event);
   if (lru.size() > per_session_) {
     dropped = std::move(lru.back().second);
@@ -48,13 +53,23 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
 }
 
 void IpcEventCache::EndSession(const std::string& session) {
-  Lru dropped;  // destroyed after the lock is released
+  {
+    Lru dropped;  // destroyed (the events released) after the lock is released
+    tokensel::MutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return;
+    dropped.swap(it->second);
+    sessions_.erase(it);
+  }
+  // Then the entries of the events that went are forgotten (pruning before
+  // the release found them still alive).
   tokensel::MutexLock lock(&mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end()) return;
-  dropped.swap(it->second);
-  sessions_.erase(it);
   PruneLocked();
+}
+
+size_t IpcEventCache::tracked() const {
+  tokensel::MutexLock lock(&mu_);
+  return open_.size();
 }
 
 void IpcEventCache::PruneLocked() {

@@ -76,6 +76,8 @@ class IpcEventCache {
 
   size_t cached(const std::string& session) const;
   size_t opens() const;  // OpenIpcEvent calls that succeeded so far
+  // Handles in the open table (live or expired, not yet forgotten).
+  size_t tracked() const;
 
  private:
   // Forgets the handles whose event is gone.

@@ -23,57 +23,101 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
   std::unique_ptr<StreamChain> chain(new StreamChain(device, pools, queue, async));
   chain->wait_ = std::move(wait);
   chain->record_ = std::move(record);
-  ASSIGN_OR_RETURN(chain->work().stream, device->AcquireStream());
-  // From here the chain owns the stream (its destructor drains and returns
-  // it). The wait comes first on the stream: every staging copy, fill and
-  // kernel of the request is ordered after the client's work.
+  CompletionWork& w = chain->work();
+  // The private event before the stream: the hand-off then never lacks
+  // one, and a failure here leaves nothing queued.
+  ASSIGN_OR_RETURN(w.done_event, device->CreateEvent());
+  absl::StatusOr<StreamDevice::Stream> stream = device->AcquireStream();
+  if (!stream.ok()) {
+    device->DestroyEvent(std::exchange(w.done_event, nullptr));
+    return stream.status();
+  }
+  w.stream = *stream;
+  // From here the chain owns the stream and the event (its destructor
+  // returns them). The wait comes first on the stream: every staging copy,
+  // fill and kernel of the request is ordered after the client's work.
   if (chain->wait_ != nullptr) {
-    RETURN_IF_ERROR(device->WaitEvent(chain->work().stream, chain->wait_->get(), "wait_event"));
+    RETURN_IF_ERROR(device->WaitEvent(w.stream, chain->wait_->get(), "wait_event"));
+    // Sync: the marker AwaitWait polls (stream_chain.h: not the client's
+    // event, which the client may record again meanwhile).
+    if (!async) RETURN_IF_ERROR(device->RecordEvent(w.done_event, w.stream, "the wait's marker"));
   }
   return chain;
 }
 
 StreamChain::~StreamChain() {
   if (committed_ || node_.empty()) return;
-  // Not committed: the request failed on the way; whatever was launched is
-  // waited for here, then everything is returned (no deferred error: the
-  // request already answered one).
+  // Not committed: the request failed on the way (an exception included);
+  // whatever was launched is waited for, then everything is returned (no
+  // deferred error: the request already answered one). Waited for here
+  // only when that cannot block for ever; otherwise off-thread.
   CompletionWork& w = work();
-  if (w.stream == nullptr) return;
-  (void)device_->Drain(w.stream, absl::OkStatus());
   w.done = nullptr;
+  if (w.stream == nullptr) {
+    queue_->Complete(w, absl::CancelledError("not committed"));
+    return;
+  }
+  if (!MaySynchronize()) {
+    (void)HandOff();
+    return;
+  }
+  (void)device_->Drain(w.stream, absl::OkStatus());
   queue_->Complete(w, absl::CancelledError("not committed"));
 }
 
 absl::StatusOr<std::unique_ptr<core::RequestLease>> StreamChain::BeginOp(std::string label) {
   if (committed_) return absl::FailedPreconditionError("cuda backend: an op after Commit");
+  if (!MaySynchronize() && !async_) {
+    return absl::FailedPreconditionError("cuda backend: an op before the wait completed");
+  }
   return std::unique_ptr<core::RequestLease>(StreamLease::OnChain(
       device_, pools_, work().stream, static_cast<LeaseSink*>(this), async_, std::move(label)));
 }
 
 void StreamChain::Hold(std::shared_ptr<void> keep) { work().holds.push_back(std::move(keep)); }
 
-void StreamChain::AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) {
-  work().staging.emplace_back(pinned, device);
+void StreamChain::Reserve(size_t staging, size_t ops) {
+  CompletionWork& w = work();
+  w.staging.reserve(w.staging.size() + staging_promised_ + staging);
+  staging_promised_ += staging;
+  w.ops.reserve(w.ops.size() + ops_promised_ + ops);
+  ops_promised_ += ops;
 }
 
-void StreamChain::AdoptOp(PendingOp op) { work().ops.push_back(std::move(op)); }
+void StreamChain::AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) noexcept {
+  work().staging.emplace_back(pinned, device);  // reserved: no reallocation
+  if (staging_promised_ > 0) --staging_promised_;
+}
+
+void StreamChain::AdoptOp(PendingOp op) noexcept {
+  work().ops.push_back(std::move(op));  // reserved: no reallocation
+  if (ops_promised_ > 0) --ops_promised_;
+}
 
 absl::Status StreamChain::AwaitWait(const kernels::StopToken* stop) {
   if (wait_ == nullptr || async_) return absl::OkStatus();
   auto backoff = std::chrono::microseconds(20);
+  const auto give_up = std::chrono::steady_clock::now() + max_host_wait_;
   while (true) {
-    // The client's latest record of the event: the one the stream waits on,
-    // or a later one (then this waits longer than the stream would, never
-    // shorter in the usual case of records in stream order).
-    ASSIGN_OR_RETURN(const bool done, device_->EventDone(wait_->get()));
-    if (done) return absl::OkStatus();
+    // The marker recorded right behind the stream's wait: done exactly when
+    // the record the stream waits on completed. A failed query leaves the
+    // chain abandoned too (wait_passed_ stays false): no host sync follows.
+    ASSIGN_OR_RETURN(const bool done, device_->EventDone(work().done_event));
+    if (done) {
+      wait_passed_ = true;
+      return absl::OkStatus();
+    }
     if (stop != nullptr) {
       if (absl::Status st = stop->Check(); !st.ok()) {
-        abandoned_ = true;
         return absl::Status(
             st.code(), absl::StrCat("wait_event: not completed by the client: ", st.message()));
       }
+    }
+    // A call without a deadline does not hold a thread for ever either.
+    if (std::chrono::steady_clock::now() >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "wait_event: not completed by the client within the server's maximum wait of ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(max_host_wait_).count(), " ms"));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(2 * backoff, std::chrono::microseconds(1000));
@@ -82,19 +126,15 @@ absl::Status StreamChain::AwaitWait(const kernels::StopToken* stop) {
 
 absl::Status StreamChain::HandOff() {
   CompletionWork& w = work();
-  absl::StatusOr<StreamDevice::Event> event = device_->CreateEvent();
-  absl::Status marked = event.status();
-  if (event.ok()) {
-    w.done_event = *event;
-    marked = device_->RecordEvent(*event, w.stream, "the completion event");
-  }
-  if (marked.ok()) {
-    queue_->Push(&node_);  // no allocation: the node moves
-    return marked;
-  }
-  // No completion event: wait here instead (correct, only synchronous).
-  const absl::Status drained = device_->Drain(w.stream, absl::OkStatus());
-  queue_->Complete(w, drained);
+  // The event exists (Begin); recording it cannot block. If the record
+  // fails, the queue watches the stream itself (QueryStream) instead of
+  // the event: still no host synchronization (the stream may be waiting on
+  // a client's event that never completes).
+  absl::Status marked = device_->RecordEvent(w.done_event, w.stream, "the completion event");
+  w.query_stream = !marked.ok();
+  // The request answers this error now: not again as a deferred one.
+  if (!marked.ok()) w.report = false;
+  queue_->Push(&node_);  // no allocation: the node moves
   return marked;
 }
 
@@ -103,21 +143,23 @@ absl::Status StreamChain::Commit(DoneFn done) {
   committed_ = true;
   CompletionWork& w = work();
   w.done = std::move(done);
-  // Abandoned while waiting for the client: nothing ran; the stream still
-  // waits on the client's event, so it is not drained here (that could
-  // block for ever) but completed off-thread; the client's record_event is
-  // not recorded (the request failed).
-  if (abandoned_) return HandOff();
+  // A sync chain whose wait the host did not see complete (AwaitWait
+  // stopped or failed): nothing ran; the stream may still wait on the
+  // client's event, so it is not drained here (that could block for ever)
+  // but completed off-thread; the client's record_event is not recorded
+  // (the request failed).
+  if (!async_ && !MaySynchronize()) return HandOff();
   absl::Status recorded = absl::OkStatus();
   // After the last op (and its copies) on the stream: the client's wait on
   // this event orders its reads of the outputs after our writes.
   if (record_ != nullptr) recorded = device_->RecordEvent(record_->get(), w.stream, "record_event");
   if (async_) {
+    if (!recorded.ok()) w.report = false;  // answered now, not deferred
     const absl::Status marked = HandOff();
     return recorded.ok() ? marked : recorded;
   }
   // Sync: every op synchronized its stream; what is still queued is the
-  // wait (no op ran) or the record. Drained so the pooled stream carries
+  // wait's marker or the record. Drained so the pooled stream carries
   // nothing of this client into the next request.
   const absl::Status drained = device_->Drain(w.stream, absl::OkStatus());
   queue_->Complete(w, drained);

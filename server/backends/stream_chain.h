@@ -3,27 +3,40 @@
 // device (tests/server/backends/stream_chain_test.cc).
 //
 // One stream (from the device's pool) for every op of the Execute:
-//   Begin:   the stream waits on the client's wait_event (WaitEvent), before
-//            any op stages anything;
+//   Begin:   the private completion event is created first (so that the
+//            hand-off below cannot fail for want of one); then the stream
+//            waits on the client's wait_event (WaitEvent), before any op
+//            stages anything; a sync chain then records its private event
+//            right after the wait (the wait's marker, below);
 //   BeginOp: a StreamLease on that stream (StreamLease::OnChain);
 //   Commit:  the client's record_event is recorded on the stream after the
 //            last op; then
-//            - sync mode: the stream is drained (already idle when an op
-//              ran: its Finish synchronized) and goes back to the pool;
-//            - async mode: a private completion event is recorded and the
-//              work item (stream, the staging and ops the leases handed over,
-//              the Hold()s) goes to the CompletionQueue; the request thread
-//              returns without waiting. If the private event cannot be made
-//              or recorded, the stream is drained here and the item
-//              completed at once (correct, only not asynchronous).
-// AwaitWait (sync chains): polls the client's wait event on the host
-// (EventDone, back-off 20 us doubling to 1 ms) until it completed, or until
-// the stop token fires: then the chain is abandoned, and Commit hands the
-// stream (whose only work is the wait) to the CompletionQueue without
-// recording the client's event, instead of draining it: a client event
-// that never completes costs a stream, not a thread.
+//            - sync mode, the host saw the wait complete: the stream is
+//              drained (already idle when an op ran: its Finish
+//              synchronized) and goes back to the pool;
+//            - async mode, or a sync chain whose wait the host did not see
+//              complete (abandoned): the private event is recorded and the
+//              work item (stream, the staging and ops the leases handed
+//              over, the Hold()s) goes to the CompletionQueue; the request
+//              thread returns without waiting. If the record fails, the
+//              item goes to the queue all the same, watched by QueryStream.
+// The rule: a stream that was given a client wait is NEVER synchronized by
+// the host unless the host saw that wait complete (the marker's record is
+// done): a client event that never completes (or a client that destroyed
+// it, or recorded it again) would block the synchronizing thread for ever.
+// AwaitWait (sync chains): polls the wait's marker (EventDone, back-off 20
+// us doubling to 1 ms) until it completed, or until the stop token fires or
+// the poll fails: then the chain is abandoned, and Commit hands the stream
+// (whose only work is the wait) to the CompletionQueue without recording
+// the client's event. Why the marker and not the client's event itself:
+// cudaEventQuery of the client's event reports its LATEST record, which the
+// client may have re-recorded (on an idle stream: done at once) after the
+// stream captured the previous one; the marker is the server's own and is
+// recorded behind exactly the wait the stream holds. The host waits at
+// most kMaxHostWait (60 s) even when the call has no deadline.
 // A chain destroyed without Commit (the request failed before it got
-// there) drains its stream and returns everything, calling no `done`.
+// there, an exception included) drains its stream if that is safe (above),
+// or else hands it to the queue, and returns everything, calling no `done`.
 // The chain keeps its two events (IpcEvent, shared with the session's
 // cache) until it ends, so a concurrent eviction cannot destroy an event
 // between its open and its use.
@@ -31,6 +44,7 @@
 #ifndef TOKENSEL_SERVER_BACKENDS_STREAM_CHAIN_H_
 #define TOKENSEL_SERVER_BACKENDS_STREAM_CHAIN_H_
 
+#include <chrono>
 #include <list>
 #include <memory>
 #include <string>
@@ -59,19 +73,30 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   absl::Status AwaitWait(const kernels::StopToken* stop) override;
   absl::Status Commit(DoneFn done) override;
 
-  StreamDevice::Stream stream() const { return work().stream; }
+  // The longest a sync request's host waits for the client's event
+  // (AwaitWait) when its call has no earlier deadline: then
+  // DEADLINE_EXCEEDED naming wait_event, and the chain is abandoned.
+  static constexpr std::chrono::milliseconds kMaxHostWait{60000};
+  void set_max_host_wait(std::chrono::milliseconds wait) { max_host_wait_ = wait; }
+
+  // The chain's stream; null after Commit (the item went to the queue).
+  StreamDevice::Stream stream() const { return node_.empty() ? nullptr : work().stream; }
 
  private:
   StreamChain(StreamDevice* device, StreamPools pools, CompletionQueue* queue, bool async);
   CompletionWork& work() { return node_.front(); }
   const CompletionWork& work() const { return node_.front(); }
   // Records the private completion event and splices the work into the
-  // queue; if the event cannot be made or recorded, drains and completes
-  // here. The event's error, if any.
+  // queue (watched by QueryStream if the record failed). Never blocks. The
+  // record's error, if any.
   absl::Status HandOff();
+  // Whether the host may synchronize the stream: it was given no client
+  // wait, or the host saw that wait complete.
+  bool MaySynchronize() const { return wait_ == nullptr || wait_passed_; }
   // LeaseSink.
-  void AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) override;
-  void AdoptOp(PendingOp op) override;
+  void Reserve(size_t staging, size_t ops) override;
+  void AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) noexcept override;
+  void AdoptOp(PendingOp op) noexcept override;
 
   StreamDevice* const device_;
   const StreamPools pools_;
@@ -80,8 +105,11 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   std::shared_ptr<IpcEvent> wait_;
   std::shared_ptr<IpcEvent> record_;
   std::list<CompletionWork> node_;  // one item; spliced into the queue by Commit
+  std::chrono::milliseconds max_host_wait_ = kMaxHostWait;
   bool committed_ = false;
-  bool abandoned_ = false;  // AwaitWait stopped: Commit hands off, records nothing
+  bool wait_passed_ = false;     // AwaitWait saw the wait's marker complete
+  size_t staging_promised_ = 0;  // reserved, not adopted yet
+  size_t ops_promised_ = 0;
 };
 
 }  // namespace tokensel::backends

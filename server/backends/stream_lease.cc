@@ -64,31 +64,26 @@ class WorkspaceGuard {
 
 }  // namespace
 
-bool StreamLease::HandOver() noexcept {
-  // One item at a time, popped once the sink has it: if an Adopt throws,
-  // what is left is still the lease's alone (nothing is released twice).
-  try {
-    while (!entries_.empty()) {
-      sink_->AdoptStaging(entries_.back().pinned, entries_.back().device);
-      entries_.pop_back();
-    }
-    while (!pending_.empty()) {
-      sink_->AdoptOp(std::move(pending_.back()));
-      pending_.pop_back();
-    }
-  } catch (...) {
-    return false;
-  }
-  return true;
+void StreamLease::HandOver() noexcept {
+  // The sink reserved room for every entry and op (NewEntry, LaunchAsync).
+  for (Entry& e : entries_) sink_->AdoptStaging(e.pinned, e.device);
+  entries_.clear();
+  for (LeaseSink::PendingOp& op : pending_) sink_->AdoptOp(std::move(op));
+  pending_.clear();
 }
 
 StreamLease::~StreamLease() {
   // Async chain: the work stays queued and the chain holds its memory until
-  // the stream completes it; no drain on the request thread.
-  if (async_ && HandOver()) return;
+  // the stream completes it; no drain on the request thread (the chain's
+  // stream may wait on a client's event: a drain could block for ever).
+  if (async_) {
+    HandOver();
+    return;
+  }
   // Copies (or kernels) may still be queued on the stream when the request
   // ends early: their blocks go back to the pools only once they are done,
-  // or the next request would share memory with them.
+  // or the next request would share memory with them. (A sync chain's
+  // leases begin only after the host saw the client's wait complete.)
   if (queued_) (void)device_->Drain(stream_, absl::OkStatus());
   for (LeaseSink::PendingOp& op : pending_) pools_.workspaces->Release(op.workspace);
   for (Entry& e : entries_) {
@@ -117,6 +112,8 @@ absl::StatusOr<StreamLease::Entry*> StreamLease::NewEntry(uint64_t bytes, bool r
   // trivially copyable Entry cannot throw, so both blocks are always owned.
   if (entries_.size() == entries_.capacity())
     entries_.reserve(std::max<size_t>(4, 2 * entries_.size()));
+  // Async chain: the chain's room for this entry, for the hand-over.
+  if (async_) sink_->Reserve(1, 0);
   ASSIGN_OR_RETURN(const BlockPool::Block pinned,
                    pools_.pinned->Acquire(static_cast<size_t>(bytes)));
   absl::StatusOr<BlockPool::Block> device = pools_.staging->Acquire(static_cast<size_t>(bytes));
@@ -209,6 +206,7 @@ absl::Status StreamLease::LaunchAsync(core::OpArgs args, BlockPool::Block block)
   // completion, or by the destructor's fallback); if the copy of the args
   // cannot allocate, nothing was launched and the block goes back now.
   try {
+    sink_->Reserve(0, 1);
     pending_.push_back(LeaseSink::PendingOp{core::CopyArgs(args), block, false, label_});
   } catch (...) {
     pools_.workspaces->Release(block);

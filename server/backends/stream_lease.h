@@ -48,8 +48,10 @@
 // FAILED_PRECONDITION), and when the lease ends nothing is drained: its
 // staging blocks and its op (workspace, a copy of the args, for Finish)
 // pass to the chain (LeaseSink), which holds them until the stream's work
-// completed. If that hand-over cannot allocate, the lease falls back to a
-// drain and returns the blocks itself.
+// completed. The chain's room for them is reserved before each block is
+// taken (LeaseSink::Reserve), so the hand-over cannot fail: a lease on a
+// chain never synchronizes the chain's stream, which may still wait on the
+// client's event.
 //
 // Used by one thread at a time; the pools and the device outlive the lease.
 #ifndef TOKENSEL_SERVER_BACKENDS_STREAM_LEASE_H_
@@ -96,6 +98,11 @@ class StreamDevice {
   virtual absl::Status Drain(Stream stream, absl::Status status) = 0;
   // UNAVAILABLE once the device is out of service (checked before RunOp).
   virtual absl::Status CheckUsable() const = 0;
+  // Whether `stream` has no work left (cudaStreamQuery): never blocks, so
+  // it is how a stream that may wait on a client's event is watched (a
+  // host synchronization of it could block for ever); an error once the
+  // device reports one.
+  virtual absl::StatusOr<bool> QueryStream(Stream stream) = 0;
 
   // Events (CUDA IPC events of Execute; stream_chain.h).
   using Event = void*;  // cudaEvent_t
@@ -123,7 +130,11 @@ struct StreamPools {
 };
 
 // Where a lease on an async chain leaves what its device work still uses.
-// Adopt* may throw std::bad_alloc (then they took nothing).
+// Reserve (before the lease takes the blocks or launches) may throw
+// std::bad_alloc (then nothing changed); once it returned, the Adopt* of
+// what it reserved for never throw: the hand-over at the end of the lease
+// cannot fail, so a lease on a chain never has to drain the chain's stream
+// (which may wait on a client's event: stream_chain.h).
 class LeaseSink {
  public:
   struct PendingOp {
@@ -133,8 +144,10 @@ class LeaseSink {
     std::string label;           // "ops[k] (Name)"
   };
   virtual ~LeaseSink() = default;
-  virtual void AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) = 0;
-  virtual void AdoptOp(PendingOp op) = 0;
+  // Room for `staging` more staging entries and `ops` more ops.
+  virtual void Reserve(size_t staging, size_t ops) = 0;
+  virtual void AdoptStaging(BlockPool::Block pinned, BlockPool::Block device) noexcept = 0;
+  virtual void AdoptOp(PendingOp op) noexcept = 0;
 };
 
 class StreamLease final : public core::RequestLease {
@@ -162,8 +175,8 @@ class StreamLease final : public core::RequestLease {
   StreamLease(StreamDevice* device, StreamPools pools) : device_(device), pools_(pools) {}
   // Async: launches and keeps the op for the sink.
   absl::Status LaunchAsync(core::OpArgs args, BlockPool::Block block);
-  // Async, at the end: everything to the sink; false if that failed.
-  bool HandOver() noexcept;
+  // Async, at the end: everything to the sink (reserved: cannot fail).
+  void HandOver() noexcept;
 
   struct Entry {
     BlockPool::Block pinned;

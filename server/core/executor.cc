@@ -91,11 +91,13 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
   // One lease of the routed backend from the first staging copy to the last
   // copy back (RequestLease: on CUDA one stream that orders them with the
   // kernels); it outlives the resolver, whose views point into its staging.
+  // `keep` before `lease`: the buffers outlive the lease's drain.
+  std::vector<BufferLease> keep;
   ASSIGN_OR_RETURN(std::unique_ptr<RequestLease> lease, backend.BeginRequest());
   OpResult result;
   uint64_t staged = 0;
-  const absl::Status status =
-      RunLeased(session, op, backend, lease.get(), memory, options, nullptr, &result, &staged);
+  const absl::Status status = RunLeased(session, op, backend, lease.get(), memory, options, &keep,
+                                        /*async=*/false, &result, &staged);
   // The staging belongs to the lease, not the resolver: on CUDA its pinned
   // and device blocks stay taken (and copies may still be queued on its
   // stream after an error) until the lease ends, which drains the stream and
@@ -111,9 +113,10 @@ absl::StatusOr<OpResult> Executor::Run(const std::string& session, const OpReque
 absl::Status Executor::RunLeased(const std::string& session, const OpRequest& op, Backend& backend,
                                  RequestLease* lease, MemoryBudget::Reservation* memory,
                                  const RunOptions& options, std::vector<BufferLease>* keep,
-                                 OpResult* result, uint64_t* staged) {
+                                 bool async, OpResult* result, uint64_t* staged) {
   Resolver resolver(&backend, lease, registry_, session, limits_.max_inline_bytes, memory);
-  OpContext ctx{resolver, backend, lease, memory, options.stop, OpName(op), keep != nullptr};
+  resolver.KeepLeasesIn(keep);
+  OpContext ctx{resolver, backend, lease, memory, options.stop, OpName(op), async};
   absl::Status status = std::visit([&](const auto& req) { return RunOp(ctx, req); }, op);
   // Lost memory outranks whatever the op reported: its inputs were zeros.
   if (absl::Status lost = resolver.CheckLostBuffers(registry_); !lost.ok()) status = lost;
@@ -130,16 +133,14 @@ absl::Status Executor::RunLeased(const std::string& session, const OpRequest& op
   if (status.ok() && metrics_ != nullptr) {
     metrics_->ObserveOp(OpName(op), backend.device_label(), ctx.seconds, ctx.bytes);
   }
-  // Async: kernels may still read and write these buffers after the reply;
-  // the chain holds the leases until they completed.
-  if (keep != nullptr) {
-    for (BufferLease& l : resolver.TakeLeases()) keep->push_back(std::move(l));
-  }
+  // The buffer leases are in `keep` already (KeepLeasesIn): an async chain
+  // holds them until its kernels completed.
   return status;
 }
 
 absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
-                                             absl::Span<const OpRequest> ops) const {
+                                             absl::Span<const OpRequest> ops,
+                                             size_t* on_device) const {
   return backend_->Route([&]() {
     std::vector<TensorPlacement> placements;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -158,6 +159,7 @@ absl::StatusOr<BackendRoute> Executor::Route(const std::string& session,
         placements.push_back(
             TensorPlacement{ops.size() == 1 ? field : absl::StrCat("ops[", i, "].", field),
                             (*lease)->region().device_uuid()});
+        if (on_device != nullptr && !placements.back().device_uuid.empty()) ++*on_device;
       }
     }
     return placements;

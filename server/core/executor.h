@@ -121,9 +121,10 @@ class Executor {
 
  private:
   // The backend that serves `ops` (Backend::Route), from the devices of the
-  // buffers their by-reference tensors name.
-  absl::StatusOr<BackendRoute> Route(const std::string& session,
-                                     absl::Span<const OpRequest> ops) const;
+  // buffers their by-reference tensors name; `on_device` (optional)
+  // receives how many of those are on a device (when the backend asked).
+  absl::StatusOr<BackendRoute> Route(const std::string& session, absl::Span<const OpRequest> ops,
+                                     size_t* on_device = nullptr) const;
   // RESOURCE_EXHAUSTED when the op's work is above max_op_work.
   absl::Status CheckWork(const OpRequest& op) const;
   // RESOURCE_EXHAUSTED when the inline outputs of `ops` exceed one response.
@@ -134,11 +135,14 @@ class Executor {
   void MeasureInline(const OpRequest& op, uint64_t* bytes, size_t* count) const;
   // Resolves and runs `op` on `backend` under `lease` into `result`;
   // `staged` receives the staging bytes reserved (the caller gives them
-  // back after ending the lease). With `keep` (an async chain) the op's
-  // scratch stays reserved and its buffer leases move there.
+  // back after ending the lease). The op's buffer leases go to `keep` as
+  // they are taken, which the caller declares BEFORE `lease` (or the
+  // chain): destroyed after it, on every path (an exception included), so
+  // a buffer is never unmapped while device work of the op may still use
+  // it. `async` (an async chain): the op's scratch stays reserved.
   absl::Status RunLeased(const std::string& session, const OpRequest& op, Backend& backend,
                          RequestLease* lease, MemoryBudget::Reservation* memory,
-                         const RunOptions& options, std::vector<BufferLease>* keep,
+                         const RunOptions& options, std::vector<BufferLease>* keep, bool async,
                          OpResult* result, uint64_t* staged);
   absl::StatusOr<std::vector<OpResult>> RunChain(const std::string& session,
                                                  absl::Span<const OpRequest> ops,

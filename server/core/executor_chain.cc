@@ -28,25 +28,39 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   // outputs are in the reply, so their request completes first (the event
   // is still recorded after the last op).
   const bool async = !events.record.empty() && !inline_outputs && options.async != nullptr;
+  // One device for the whole request (its by-reference tensors decide), so
+  // that every op runs on the one stream of the chain.
+  size_t on_device = 0;
+  ASSIGN_OR_RETURN(BackendRoute route, Route(session, ops, &on_device));
+  // The client's events belong to one device, which the server cannot
+  // learn from their handles: on a server of several devices the request's
+  // buffers must name it (else the least loaded device would open and
+  // record another device's events, after its ops were launched).
+  if (const size_t devices = backend_->devices().size(); devices > 1 && on_device == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "an Execute with wait_event or record_event on a server of ", devices,
+        " devices must name a buffer on the event's device (its by-reference tensors choose the "
+        "device that opens the events); none does"));
+  }
   // Counted (and capped) too: a sync request that waits on a client event,
   // which may leave its stream behind waiting (RequestChain::AwaitWait).
   std::optional<AsyncRequests::Ticket> ticket;
   if (options.async != nullptr && (async || !events.wait.empty())) {
     ASSIGN_OR_RETURN(ticket, options.async->Admit(session));
   }
-  // One device for the whole request (its by-reference tensors decide), so
-  // that every op runs on the one stream of the chain.
-  ASSIGN_OR_RETURN(BackendRoute route, Route(session, ops));
   Backend& backend = route.backend();
-  ASSIGN_OR_RETURN(std::unique_ptr<RequestChain> chain, backend.BeginChain(session, events, async));
+  // Declared before the chain, so destroyed AFTER it on every path (an
+  // exception included): the chain's destructor may still drain or hand
+  // over device work that uses the buffers (`keep`) and the reservation.
   // Async: a reservation of the request's own, which the chain holds until
   // the device work completed (nothing of it goes into the reply).
   MemoryBudget::Reservation own =
       budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
+  std::vector<BufferLease> keep;
+  ASSIGN_OR_RETURN(std::unique_ptr<RequestChain> chain, backend.BeginChain(session, events, async));
   MemoryBudget::Reservation* memory = (!async && options.memory != nullptr) ? options.memory : &own;
   std::vector<OpResult> results;
   results.reserve(ops.size());
-  std::vector<BufferLease> keep;
   // Sync: the host waits for the client's event first, within the call's
   // deadline (Finish's synchronization could not be interrupted).
   absl::Status status = chain->AwaitWait(options.stop);
@@ -56,8 +70,8 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     OpResult result;
     uint64_t staged = 0;
     if (lease.ok()) {
-      status = RunLeased(session, ops[i], backend, lease->get(), memory, options,
-                         async ? &keep : nullptr, &result, &staged);
+      status = RunLeased(session, ops[i], backend, lease->get(), memory, options, &keep, async,
+                         &result, &staged);
       // Sync: the lease drains and returns its staging. Async: it hands its
       // staging and op to the chain (nothing waits).
       lease->reset();
@@ -76,7 +90,10 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     // Whatever was launched keeps its memory until it completed: the
     // buffers (an UnregisterBuffer or a session end meanwhile is deferred),
     // the reservation, and the route (the device counts it in flight).
-    for (BufferLease& l : keep) chain->Hold(std::make_shared<BufferLease>(std::move(l)));
+    // (Moved in only once each Hold can no longer throw: a copy of the
+    // lease first; if an allocation fails, `keep` still has them and the
+    // chain's destructor runs before `keep` goes.)
+    for (const BufferLease& l : keep) chain->Hold(std::make_shared<BufferLease>(l));
     chain->Hold(std::make_shared<MemoryBudget::Reservation>(std::move(own)));
     chain->Hold(std::make_shared<BackendRoute>(std::move(route)));
   }
@@ -84,6 +101,9 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     auto shared = std::make_shared<AsyncRequests::Ticket>(std::move(*ticket));
     // Only an async request that answered OK can have a deferred error;
     // the others answered their error themselves.
+    // Only an async request that answered OK can have a deferred error;
+    // the others answered their error themselves (a failed Commit too:
+    // the chain then completes the work with no deferred error).
     const bool report = async && status.ok();
     done = [shared, report](const absl::Status& deferred) {
       shared->Complete(report ? deferred : absl::OkStatus());

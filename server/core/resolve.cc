@@ -252,6 +252,9 @@ absl::StatusOr<TensorView> Resolver::BufferView(const TensorSpec& spec, absl::st
         absl::StrCat(field, ": buffer '", spec.buffer, "' is on device ", device, ", not on ",
                      backend_->device_label(), ", where this op runs (with its other tensors)"));
   }
+  // In the caller's keep first (it outlives the request's lease and the
+  // device work): if that cannot allocate, nothing uses the view yet.
+  if (keep_ != nullptr) keep_->push_back(*lease);
   v.data = static_cast<char*>(region.data()) + offset;
   leases_.emplace_back(spec.buffer, *std::move(lease));
   return v;
@@ -281,14 +284,6 @@ absl::StatusOr<TensorView> Resolver::InlineView(const TensorSpec& spec, absl::st
   if (slot != nullptr) *slot = staged.slot;
   v.data = staged.data;
   return v;
-}
-
-std::vector<BufferLease> Resolver::TakeLeases() {
-  std::vector<BufferLease> leases;
-  leases.reserve(leases_.size());
-  for (auto& [name, lease] : leases_) leases.push_back(std::move(lease));
-  leases_.clear();
-  return leases;
 }
 
 absl::Status Resolver::ReserveInline(absl::string_view field, uint64_t bytes) {

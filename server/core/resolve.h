@@ -100,9 +100,10 @@ class Resolver {
   uint64_t inline_output_bytes() const { return inline_output_bytes_; }
   // How many tensors come back inline (measure mode too), even of 0 bytes.
   size_t inline_outputs() const { return inline_outputs_; }
-  // The leases of the by-reference tensors resolved so far, moved out (an
-  // async request keeps them until its device work completed).
-  std::vector<BufferLease> TakeLeases();
+  // Each lease taken from now on is also copied into `*keep` (owned by the
+  // caller, which keeps the buffers mapped until the device work that uses
+  // them is done, whatever happens to the resolver).
+  void KeepLeasesIn(std::vector<BufferLease>* keep) { keep_ = keep; }
   // Measure mode: (field, buffer name) of every by-reference tensor seen, in
   // resolution order (the executor routes the op by their buffers' devices).
   const std::vector<std::pair<std::string, std::string>>& buffer_refs() const {
@@ -147,6 +148,7 @@ class Resolver {
   size_t inline_outputs_ = 0;
   uint64_t staged_bytes_ = 0;
   std::vector<std::pair<std::string, BufferLease>> leases_;       // (buffer name, lease)
+  std::vector<BufferLease>* keep_ = nullptr;                      // KeepLeasesIn
   std::vector<std::pair<std::string, std::string>> buffer_refs_;  // measure mode
   std::vector<Pending> pending_;
 };

@@ -105,3 +105,18 @@ def test_other_types_are_refused_before_any_rpc(client, sent, event):
     with pytest.raises(TypeError, match="wait_event takes a torch.cuda.Event"):
         client.execute([gather(client)], wait_event=event)
     assert sent == []
+
+
+def test_a_passed_event_is_kept_alive_until_the_next_barrier(client, sent):
+    import gc
+    import weakref
+    event = FakeIpcEvent(b"\xab" * 63 + b"\x01")
+    ref = weakref.ref(event)
+    with pytest.raises(tokensel.FailedPreconditionError):
+        client.execute([gather(client)], record_event=event)
+    del event
+    gc.collect()
+    assert ref() is not None, "the server may still use it"
+    client.execute([])  # the barrier: the session's work completed
+    gc.collect()
+    assert ref() is None

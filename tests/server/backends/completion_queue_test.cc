@@ -37,6 +37,7 @@ class ThreadSafeDevice final : public StreamDevice {
   }
   absl::Status Drain(Stream, absl::Status status) override { return status; }
   absl::Status CheckUsable() const override { return {}; }
+  absl::StatusOr<bool> QueryStream(Stream) override { return false; }
   absl::StatusOr<Event> OpenIpcEvent(absl::string_view, absl::string_view) override {
     return absl::UnimplementedError("");
   }

@@ -10,18 +10,29 @@
 // LeasePools: the three pools of a lease over CountingPool; BeginLease;
 // StreamBackend.
 // Events (stream_chain_test.cc): OpenIpcEvent / CreateEvent make FakeEvents
-// ("wait" and "record" are logged on their stream; a handle whose first
-// byte is 0xFF is refused as the driver refuses a bad one); a record is
-// queued work like the rest, so EventDone turns true only once the device
-// got there. Progress(stream) is the device doing the stream's queued work
-// WITHOUT any host synchronization (nothing is logged): what a completion
-// thread observes through EventDone. Each kernel's status is kept per
-// workspace (as the DeviceStatus word), read by that op's Finish.
+// ("wait" and "record" are logged on their stream, a private event's record
+// "complete", or "waited" for the chain's marker after its wait; a handle
+// whose first byte is 0xFF is refused as the driver refuses a bad one). As
+// in CUDA, each record is a separate completion: a stream's wait captures
+// the event's record of that moment (a later record of the event does not
+// release it), and EventDone reports the latest record. The client's
+// records: pending_handles (opened as not completed), ClientEventDone,
+// ClientRerecord (the client records the event again on an idle stream).
+// Progress(stream) is the device doing the stream's queued work WITHOUT any
+// host synchronization (nothing is logged): what a completion thread
+// observes through EventDone / QueryStream. Waits and event records at the
+// head of a stream run by themselves (the device gets there without the
+// host); copies and kernels only at Progress or a host synchronization.
+// Progress stops at a wait whose record is pending; a host synchronization
+// (Finish, Drain) of such a stream FAILS the test: on a device it would
+// block for ever. Each kernel's status is kept per workspace (as the
+// DeviceStatus word), read by that op's Finish.
 // Not thread-safe (the tests drive it from one thread).
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_FAKE_STREAM_DEVICE_H_
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -36,28 +47,21 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "server/backends/block_pool.h"
+#include "server/backends/client_event_error.h"
 #include "server/backends/stream_lease.h"
+#include "tests/server/backends/counting_pool.h"
 
 namespace tokensel::testing {
 
 using backends::BlockPool;
 using backends::StreamDevice;
-
-// One recorded device call: what, and on which stream.
-struct Call {
-  std::string what;  // "h2d" "zero" "kernel" "d2h" "sync" "drain" "release"
-  StreamDevice::Stream stream;
-  bool operator==(const Call& o) const { return what == o.what && stream == o.stream; }
-};
-inline std::ostream& operator<<(std::ostream& os, const Call& c) {
-  return os << c.what << "@" << reinterpret_cast<uintptr_t>(c.stream);
-}
 
 class FakeStreamDevice final : public StreamDevice {
  public:
@@ -71,7 +75,11 @@ class FakeStreamDevice final : public StreamDevice {
     free_.pop_back();
     return s;
   }
-  void ReleaseStream(Stream s) override { free_.push_back(s); }
+  void ReleaseStream(Stream s) override {
+    // As the real pool's push_back running out of host memory.
+    if (throw_in_release_stream) throw std::bad_alloc();
+    free_.push_back(s);
+  }
   // Like the real ones, the copies and fills answer UNAVAILABLE, issuing
   // nothing, once the device is out of service.
   absl::Status CopyToDevice(void* dst, const void* src, uint64_t n, Stream s) override {
@@ -95,11 +103,13 @@ class FakeStreamDevice final : public StreamDevice {
     // so a copy is kept, as the device keeps the launch's parameters.
     auto copy = std::make_shared<core::OpArgsValue>(core::CopyArgs(args));
     ws_status_[ws.data] = absl::UnknownError("the op's kernels have not run");
-    return Enqueue("kernel", s, [this, copy, ws] {
+    RETURN_IF_ERROR(Enqueue("kernel", s, [this, copy, ws] {
       kernel_status =
           std::visit([](const auto& a) { return kernels::cpu::Run(a, nullptr); }, *copy);
       ws_status_[ws.data] = kernel_status;
-    });
+    }));
+    if (on_launch) on_launch();  // after the kernel is queued (may throw)
+    return absl::OkStatus();
   }
   absl::Status Finish(core::OpArgs, kernels::cuda::Workspace ws, Stream s) override {
     // As a host allocation failing while Finish formats a bad-data message,
@@ -117,14 +127,20 @@ class FakeStreamDevice final : public StreamDevice {
     RunQueue("drain", s);
     return status;
   }
+  absl::StatusOr<bool> QueryStream(Stream s) override {
+    ++stream_queries;
+    if (fail_stream_query) return absl::InternalError("injected stream query failure");
+    return queue_[s].empty();
+  }
   absl::Status CheckUsable() const override {
     return usable ? absl::OkStatus() : absl::UnavailableError("fake device out of service");
   }
 
   // Events.
+  using Record = std::shared_ptr<bool>;  // one record of an event: done?
   struct FakeEvent {
     std::string handle;  // empty: a private (completion) event
-    bool done = true;    // never recorded counts as complete, as in CUDA
+    Record record;       // the latest; null: never recorded (complete, as in CUDA)
     bool destroyed = false;
   };
   absl::StatusOr<Event> OpenIpcEvent(absl::string_view handle, absl::string_view field) override {
@@ -132,11 +148,11 @@ class FakeStreamDevice final : public StreamDevice {
     if (!handle.empty() && static_cast<uint8_t>(handle[0]) == 0xFF) {
       return absl::InvalidArgumentError(absl::StrCat(field, ": refused by the fake driver"));
     }
+    if (client_event_error != 0 && fail_client_call == "open") {
+      return ClientEventFailure(field, "cudaIpcOpenEventHandle");
+    }
     ++ipc_opens;
     events_.push_back(std::make_unique<FakeEvent>(FakeEvent{std::string(handle)}));
-    // A client event whose work has not completed (the client's stream is
-    // busy): until ClientEventDone.
-    if (pending_handles.count(std::string(handle)) > 0) events_.back()->done = false;
     return static_cast<Event>(events_.back().get());
   }
   absl::StatusOr<Event> CreateEvent() override {
@@ -151,33 +167,70 @@ class FakeStreamDevice final : public StreamDevice {
     ev->destroyed = true;
     ++events_destroyed;
   }
-  absl::Status WaitEvent(Stream s, Event e, absl::string_view) override {
-    RETURN_IF_ERROR(CheckUsable());
-    EXPECT_FALSE(static_cast<FakeEvent*>(e)->destroyed) << "waited on a destroyed event";
-    return Enqueue("wait", s, [] {});
+  // A failed call on the client's event, classified as CudaBackend does
+  // (client_event_error.h): client_event_error 1 = a client-fault code, 2 =
+  // another code (cudaErrorUnknown); the probe finds the device dead when
+  // probe_fails (then the device is out of service).
+  absl::Status ClientEventFailure(absl::string_view field, absl::string_view call) {
+    const bool client_code = client_event_error == 1;
+    client_event_error = 0;
+    return backends::ClientEventError(field, call, "injected", client_code, [this] {
+      ++probes;
+      if (!probe_fails) return absl::OkStatus();
+      usable = false;
+      return absl::UnavailableError("fake device out of service (probe)");
+    });
   }
-  absl::Status RecordEvent(Event e, Stream s, absl::string_view) override {
+  absl::Status WaitEvent(Stream s, Event e, absl::string_view field) override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (client_event_error != 0 && fail_client_call == "wait") {
+      return ClientEventFailure(field, "cudaStreamWaitEvent");
+    }
+    EXPECT_FALSE(static_cast<FakeEvent*>(e)->destroyed) << "waited on a destroyed event";
+    // The record of this moment, not a later one.
+    return Enqueue(
+        "wait", s, [] {}, RecordOf(static_cast<FakeEvent*>(e)));
+  }
+  absl::Status RecordEvent(Event e, Stream s, absl::string_view field) override {
     RETURN_IF_ERROR(CheckUsable());
     auto* ev = static_cast<FakeEvent*>(e);
     EXPECT_FALSE(ev->destroyed) << "recorded a destroyed event";
-    ev->done = false;
-    return Enqueue(ev->handle.empty() ? "complete" : "record", s, [ev] { ev->done = true; });
+    if (ev->handle.empty() && fail_record_private) {
+      return absl::InternalError("injected private record failure");
+    }
+    if (!ev->handle.empty() && client_event_error != 0 && fail_client_call == "record") {
+      return ClientEventFailure(field, "cudaEventRecord");
+    }
+    Record r = std::make_shared<bool>(false);
+    RecordOf(ev) = r;
+    const char* what = !ev->handle.empty()                     ? "record"
+                       : absl::StartsWith(field, "the wait's") ? "waited"
+                                                               : "complete";
+    return Enqueue(what, s, [r] { *r = true; });
   }
   absl::StatusOr<bool> EventDone(Event e) override {
     if (fail_event_query) return absl::InternalError("injected event query failure");
-    return static_cast<FakeEvent*>(e)->done;
+    const Record& r = RecordOf(static_cast<FakeEvent*>(e));
+    return r == nullptr || *r;
   }
-  // The device runs `s`'s queued work (no host call, nothing logged).
-  void Progress(Stream s) {
-    for (auto& f : queue_[s]) f();
-    queue_[s].clear();
-  }
-  // The client's work before its event completed.
+  // The device runs `s`'s queued work (no host call, nothing logged), up to
+  // a wait whose record is pending.
+  void Progress(Stream s) { Run(s, /*all=*/true); }
+  // The client's work before its event's current record completed.
   void ClientEventDone(const std::string& handle) {
     pending_handles.erase(handle);
-    for (auto& e : events_) {
-      if (e->handle == handle) e->done = true;
-    }
+    Record& r = client_records_[handle];
+    if (r != nullptr) *r = true;
+    for (Record& old : earlier_records_[handle]) *old = true;
+    RunReady();
+  }
+  // The client records its event again, on an idle stream: the new record
+  // is complete at once; the previous one (a wait may hold it) is not.
+  void ClientRerecord(const std::string& handle) {
+    pending_handles.erase(handle);
+    Record& r = client_records_[handle];
+    if (r != nullptr) earlier_records_[handle].push_back(r);
+    r = std::make_shared<bool>(true);
   }
   size_t live_events() const {
     size_t n = 0;
@@ -189,13 +242,23 @@ class FakeStreamDevice final : public StreamDevice {
   int ipc_opens = 0;
   std::set<std::string> pending_handles;  // opened as not completed
   int events_destroyed = 0;
+  int stream_queries = 0;
+  std::function<void()> on_launch;  // in each Launch, after its kernel is queued
+  std::function<void()> on_sync;    // at a host sync of a stream with work queued
+  int client_event_error = 0;       // the next client-event call fails: 1 client code, 2 other
+  std::string fail_client_call;     // which: "open" "wait" "record"
+  bool probe_fails = false;
+  int probes = 0;
   bool fail_create_event = false;
+  bool fail_record_private = false;
+  bool fail_stream_query = false;
   bool fail_event_query = false;
   int streams_created = 0;
   int h2d_count = 0;
   int fail_h2d_at = 0;  // 1-based; 0 = never
   bool fail_launch = false;
   bool throw_in_finish = false;
+  bool throw_in_release_stream = false;
   bool fail_finish_before_sync = false;
   bool usable = true;
   uint64_t workspace_bytes = 256;
@@ -211,85 +274,55 @@ class FakeStreamDevice final : public StreamDevice {
     EXPECT_TRUE(std::find(free_.begin(), free_.end(), s) == free_.end())
         << "work on a stream already back in the pool";
   }
-  absl::Status Enqueue(const char* what, Stream s, std::function<void()> f) {
+  struct Item {
+    std::function<void()> run;
+    Record blocker;  // a wait: runs once this record completed
+    bool light;      // a wait or an event record: the device runs it alone
+    bool ready() const { return blocker == nullptr || *blocker; }
+  };
+  Record& RecordOf(FakeEvent* ev) {
+    if (ev->handle.empty()) return ev->record;
+    Record& r = client_records_[ev->handle];
+    if (r == nullptr) r = std::make_shared<bool>(pending_handles.count(ev->handle) == 0);
+    return r;
+  }
+  absl::Status Enqueue(const char* what, Stream s, std::function<void()> f,
+                       Record blocker = nullptr) {
     ExpectHeld(s);
     log.push_back(Call{what, s});
-    queue_[s].push_back(std::move(f));
+    const std::string w = what;
+    const bool light = w == "wait" || w == "record" || w == "complete" || w == "waited";
+    queue_[s].push_back(Item{std::move(f), std::move(blocker), light});
+    RunReady();
     return absl::OkStatus();
+  }
+  // Runs `s`'s work from its head: all of it (up to a blocked wait), or
+  // only the waits and records.
+  void Run(Stream s, bool all) {
+    auto& q = queue_[s];
+    size_t i = 0;
+    for (; i < q.size() && q[i].ready() && (all || q[i].light); ++i) q[i].run();
+    q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  void RunReady() {
+    for (int round = 0; round < 4; ++round) {
+      for (auto& [s, q] : queue_) Run(s, /*all=*/false);
+    }
   }
   void RunQueue(const char* what, Stream s) {
     log.push_back(Call{what, s});
-    for (auto& f : queue_[s]) f();
+    if (on_sync && !queue_[s].empty()) on_sync();
+    Run(s, /*all=*/true);
+    EXPECT_TRUE(queue_[s].empty()) << what << " of a stream that waits on a pending client event: "
+                                   << "host sync would block forever";
     queue_[s].clear();
   }
   std::vector<Stream> free_;
-  std::map<Stream, std::vector<std::function<void()>>> queue_;
+  std::map<Stream, std::vector<Item>> queue_;
+  std::map<std::string, Record> client_records_;
+  std::map<std::string, std::vector<Record>> earlier_records_;  // ClientRerecord
   std::map<void*, absl::Status> ws_status_;
   std::vector<std::unique_ptr<FakeEvent>> events_;
-};
-
-// A pool over malloc that counts, and can be told to fail. With `log` set,
-// every block it frees is first poisoned (0xAB), kept (not returned to the
-// heap) until the pool ends, and a "release" (stream null) is recorded there: with a cap of 0 every
-// Release frees, so the log shows whether a block went back before the drain of work still using
-// it, and such work would read or write the poison.
-struct CountingPool {
-  CountingPool(const char* name, size_t granule, size_t cap,
-               std::vector<Call>* release_log = nullptr)
-      : log(release_log),
-        pool(
-            name, granule, cap,
-            [this](size_t bytes) -> absl::StatusOr<void*> {
-              if (fail || bytes > (size_t{1} << 30)) {
-                return absl::ResourceExhaustedError("injected allocation failure");
-              }
-              ++mallocs;
-              void* p = std::malloc(bytes);
-              std::memset(p, 0xAB, bytes);  // stale bytes, as a reused block has
-              sizes[p] = bytes;
-              return p;
-            },
-            [this](void* p) {
-              ++frees;
-              if (log != nullptr) {
-                log->push_back(Call{"release", nullptr});
-                std::memset(p, 0xAB, sizes[p]);
-                // Freed for the pool, but the memory is kept until the test
-                // ends: work drained after the release (the bug the log
-                // shows) then scribbles on poison, not on the heap.
-                quarantine.emplace_back(p, &std::free);
-              } else {
-                std::free(p);
-              }
-              sizes.erase(p);
-            }) {}
-  int mallocs = 0;
-  int frees = 0;
-  bool fail = false;
-  std::vector<Call>* const log;
-  std::map<void*, size_t> sizes;
-  std::vector<std::unique_ptr<void, decltype(&std::free)>> quarantine;
-  BlockPool pool;  // last: destroyed first, while the above still exist
-};
-
-// The three pools of a lease over CountingPool: pinned and device staging
-// (4 KiB granule, `staging_cap` idle each), workspaces (1 MiB granule,
-// `workspace_cap` idle); all logging their frees into `log` when set.
-struct LeasePools {
-  LeasePools(size_t staging_cap, size_t workspace_cap, std::vector<Call>* log = nullptr)
-      : pinned("pinned", 4096, staging_cap, log),
-        staging("staging", 4096, staging_cap, log),
-        workspaces("workspaces", 1 << 20, workspace_cap, log) {}
-  backends::StreamPools pools() {
-    return backends::StreamPools{&pinned.pool, &staging.pool, &workspaces.pool};
-  }
-  size_t InUse() const {
-    return pinned.pool.blocks_in_use() + staging.pool.blocks_in_use() +
-           workspaces.pool.blocks_in_use();
-  }
-  CountingPool pinned;
-  CountingPool staging;
-  CountingPool workspaces;
 };
 
 // A lease on `device` over `pools`; null (and a test failure) if Begin fails.

@@ -1,9 +1,11 @@
 // Execute with CUDA IPC events, without a device: the error paths, session
 // end and the per-session event cache (fixture: stream_chain_test.h).
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "tests/server/backends/stream_chain_test.h"
 
@@ -14,9 +16,7 @@ using ::absl::StatusCode;
 using ::testing::HasSubstr;
 
 TEST_F(ChainTest, AHandleTheDriverRefusesIsInvalidArgumentAndNothingIsHeld) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   absl::StatusOr<std::vector<core::OpResult>> r =
       Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('\xFF'));
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -34,9 +34,7 @@ TEST_F(ChainTest, AHandleTheDriverRefusesIsInvalidArgumentAndNothingIsHeld) {
 }
 
 TEST_F(ChainTest, AHostErrorInALaterOpIsReturnedAndTheLaunchedOpsStillComplete) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   absl::StatusOr<std::vector<core::OpResult>> r = Execute(
       {Gather("acts", "idx", "out"), Gather("acts", "missing", "out")}, Handle('w'), Handle('r'));
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
@@ -54,37 +52,87 @@ TEST_F(ChainTest, AHostErrorInALaterOpIsReturnedAndTheLaunchedOpsStillComplete) 
   EXPECT_EQ(budget_.used_bytes(), 0u);
 }
 
-TEST_F(ChainTest, WithoutACompletionEventTheRequestWaitsAndStillCompletes) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+TEST_F(ChainTest, WithoutACompletionEventTheRequestFailsBeforeAnythingRuns) {
+  float* out = AddGatherBuffers();
   device_.fail_create_event = true;
-  EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, "", Handle('r')).status(),
+  EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r')).status(),
               StatusIs(StatusCode::kInternal));
-  EXPECT_EQ(device_.log.back().what, "sync") << "drained, then the op's Finish";
-  EXPECT_EQ(out[0], 4.f);
+  EXPECT_TRUE(device_.log.empty()) << "the event is made before the stream waits";
+  EXPECT_EQ(out[0], 0.f);
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 0u);
 }
 
-TEST_F(ChainTest, AFailedCompletionQueryDrainsAndIsTheDeferredError) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+// The completion event cannot be recorded while the stream still waits on
+// a client event that has not completed: no host synchronization (it would
+// block for ever); the queue watches the stream itself.
+TEST_F(ChainTest, ACompletionEventThatCannotBeRecordedIsReplacedByQueryingTheStream) {
+  float* out = AddGatherBuffers();
+  device_.pending_handles.insert(Handle('p'));
+  device_.fail_record_private = true;
+  EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('p'), Handle('r')).status(),
+              StatusIs(StatusCode::kInternal, "injected private record failure"));
+  const StreamDevice::Stream s = LastStream();
+  EXPECT_THAT(device_.log,
+              ::testing::ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"record", s}));
+  EXPECT_EQ(backend_.queue().Poll(), 0);
+  EXPECT_GT(device_.stream_queries, 0);
+  EXPECT_EQ(pools_.InUse(), 1u) << "the workspace is held while the kernel may run";
+  device_.ClientEventDone(Handle('p'));
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(out[0], 4.f);
+  EXPECT_OK(async_.TakeDeferred("s")) << "answered by the request, not deferred again";
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(async_.inflight(), 0u);
+}
+
+TEST_F(ChainTest, AFailedCompletionQueryWatchesTheStreamAndIsTheDeferredError) {
+  AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   device_.fail_event_query = true;
+  EXPECT_EQ(backend_.queue().Poll(), 0) << "the stream still has work: not drained";
+  EXPECT_NE(device_.log.back().what, "drain");
+  device_.Progress(LastStream());
   EXPECT_EQ(backend_.queue().Poll(), 1);
-  EXPECT_EQ(device_.log.back().what, "drain");
   const absl::Status deferred = async_.TakeDeferred("s");
   EXPECT_EQ(deferred.code(), StatusCode::kInternal);
   EXPECT_THAT(deferred.message(), HasSubstr("the request's device work failed"));
   EXPECT_EQ(pools_.InUse(), 0u);
 }
 
+// An exception while completing an item (here std::bad_alloc returning its
+// stream) must not escape the completion thread (it would end the
+// process), and the request's ticket must still complete.
+TEST_F(ChainTest, AnExceptionCompletingAnItemStillCompletesItsTicket) {
+  AddGatherBuffers();
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
+  device_.Progress(LastStream());
+  device_.throw_in_release_stream = true;
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  device_.throw_in_release_stream = false;
+  EXPECT_EQ(async_.inflight(), 0u) << "the ticket completed";
+  EXPECT_THAT(async_.TakeDeferred("s"),
+              StatusIs(StatusCode::kInternal, "an exception completing the request's device work"));
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(budget_.used_bytes(), 0u) << "the holds were dropped";
+}
+
+TEST_F(ChainTest, AFailedStreamQueryCompletesOnlyOnceTheDeviceIsOutOfService) {
+  AddGatherBuffers();
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
+  device_.fail_event_query = true;
+  device_.fail_stream_query = true;
+  EXPECT_EQ(backend_.queue().Poll(), 0) << "the device works: asked again later";
+  device_.usable = false;  // a sticky error: the context runs nothing more
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.TakeDeferred("s").code(), StatusCode::kInternal);
+  EXPECT_EQ(pools_.InUse(), 0u);
+}
+
 TEST_F(ChainTest, ASessionEndingInFlightKeepsItsMemoryUntilTheWorkCompletes) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r')));
   // What the server's session end does (server/app/server.cc).
   registry_.UnregisterAll("s");
@@ -100,22 +148,130 @@ TEST_F(ChainTest, ASessionEndingInFlightKeepsItsMemoryUntilTheWorkCompletes) {
   EXPECT_EQ(async_.inflight(), 0u);
 }
 
-TEST_F(ChainTest, AChainThatIsNotCommittedDrainsAndReturnsEverything) {
-  absl::StatusOr<std::unique_ptr<core::RequestChain>> chain =
-      backend_.BeginChain("s", core::IpcEvents{Handle('w'), Handle('r')}, /*async=*/true);
-  ASSERT_OK(chain);
-  absl::StatusOr<std::unique_ptr<core::RequestLease>> lease = (*chain)->BeginOp("ops[0] (X)");
-  ASSERT_OK(lease);
-  const std::vector<float> data(4, 1.f);
-  ASSERT_OK((*lease)->StageInput(data.data(), 16, false));
-  lease->reset();
-  EXPECT_EQ(pools_.InUse(), 2u) << "handed to the chain, not drained";
-  chain->reset();
-  const StreamDevice::Stream s = device_.log.front().stream;
-  EXPECT_THAT(device_.log,
-              ::testing::ElementsAre(Call{"wait", s}, Call{"h2d", s}, Call{"drain", s}));
+TEST_F(ChainTest, AChainThatIsNotCommittedNeverSynchronizesAStreamThatWaitsOnTheClient) {
+  device_.pending_handles.insert(Handle('p'));
+  for (const bool async : {true, false}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    absl::StatusOr<std::unique_ptr<core::RequestChain>> chain =
+        backend_.BeginChain("s", core::IpcEvents{Handle('p'), Handle('r')}, async);
+    ASSERT_OK(chain);
+    if (async) {
+      absl::StatusOr<std::unique_ptr<core::RequestLease>> lease = (*chain)->BeginOp("ops[0] (X)");
+      ASSERT_OK(lease);
+      const std::vector<float> data(4, 1.f);
+      ASSERT_OK((*lease)->StageInput(data.data(), 16, false));
+      lease->reset();
+      EXPECT_EQ(pools_.InUse(), 2u) << "handed to the chain, not drained";
+    }
+    chain->reset();  // e.g. std::bad_alloc between BeginChain and Commit
+    for (const Call& c : device_.log) EXPECT_NE(c.what, "drain");
+    EXPECT_EQ(backend_.queue().pending(), async ? 1u : 2u) << "handed to the completion queue";
+    EXPECT_EQ(backend_.queue().Poll(), 0);
+  }
+  device_.ClientEventDone(Handle('p'));
+  for (const Call& c : device_.log) device_.Progress(c.stream);
+  EXPECT_EQ(backend_.queue().Poll(), 2);
   EXPECT_EQ(pools_.InUse(), 0u);
-  EXPECT_EQ(device_.free_streams(), 1u);
+  EXPECT_EQ(device_.free_streams(), 2u);
+  // Without a client wait, a chain that is not committed drains at once.
+  absl::StatusOr<std::unique_ptr<core::RequestChain>> chain =
+      backend_.BeginChain("s", core::IpcEvents{"", Handle('r')}, /*async=*/true);
+  ASSERT_OK(chain);
+  chain->reset();
+  EXPECT_EQ(device_.log.back().what, "drain");
+  EXPECT_EQ(backend_.queue().pending(), 0u);
+}
+
+// An exception after an async op was launched (here from inside the launch,
+// after its kernel was queued), with its buffers unregistered meanwhile:
+// the request's buffer leases must outlive the device work the chain's
+// destructor still waits for, or the kernel uses unmapped memory.
+TEST_F(ChainTest, AnExceptionKeepsTheBuffersMappedUntilTheLaunchedWorkIsDone) {
+  AddGatherBuffers();
+  device_.on_launch = [this] {
+    registry_.UnregisterAll("s");  // a concurrent UnregisterBuffer / session end
+    throw std::bad_alloc();
+  };
+  int syncs = 0;
+  device_.on_sync = [&] {
+    ++syncs;
+    EXPECT_EQ(device_mapper_.live_mappings(), 3) << "buffers unmapped under queued kernels";
+  };
+  EXPECT_THROW((void)Execute({Gather("acts", "idx", "out")}, "", Handle('r')), std::bad_alloc);
+  EXPECT_EQ(syncs, 1);
+  EXPECT_EQ(device_mapper_.live_mappings(), 0);
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(budget_.used_bytes(), 0u);
+  EXPECT_EQ(async_.inflight(), 0u);
+}
+
+// A failed call on the client's event is the request's error; the device is
+// marked failed only when a call on an object of the server's own confirms
+// it (client_event_error.h): a client that destroyed its event controls
+// the code.
+TEST_F(ChainTest, AClientEventErrorFailsTheDeviceOnlyIfTheProbeConfirms) {
+  AddGatherBuffers();
+  struct Case {
+    const char* call;
+    int code;
+    StatusCode want;
+    const char* field;
+    int probes;
+  };
+  for (const Case& c : {Case{"open", 2, StatusCode::kFailedPrecondition, "wait_event", 1},
+                        Case{"open", 1, StatusCode::kInvalidArgument, "wait_event", 0},
+                        Case{"wait", 2, StatusCode::kFailedPrecondition, "wait_event", 1},
+                        Case{"wait", 1, StatusCode::kInvalidArgument, "wait_event", 0},
+                        Case{"record", 2, StatusCode::kFailedPrecondition, "record_event", 1}}) {
+    SCOPED_TRACE(absl::StrCat(c.call, " code ", c.code));
+    backend_.EndSession("s");  // not cached: opened again
+    device_.probes = 0;
+    device_.fail_client_call = c.call;
+    device_.client_event_error = c.code;
+    absl::StatusOr<std::vector<core::OpResult>> r =
+        Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r'));
+    EXPECT_THAT(r.status(), StatusIs(c.want, c.field));
+    EXPECT_EQ(device_.probes, c.probes);
+    EXPECT_OK(device_.CheckUsable()) << "the client's error does not fail the device";
+    for (const Call& call : device_.log) device_.Progress(call.stream);
+    (void)backend_.queue().Poll();
+    (void)async_.TakeDeferred("s");
+  }
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(async_.inflight(), 0u);
+  // The probe finds the device dead: then it is out of service.
+  backend_.EndSession("s");
+  device_.fail_client_call = "wait";
+  device_.client_event_error = 2;
+  device_.probe_fails = true;
+  EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('w'), "").status(),
+              StatusIs(StatusCode::kUnavailable));
+  EXPECT_FALSE(device_.CheckUsable().ok());
+}
+
+// On a server of several devices, an evented Execute must name a buffer
+// (on the event's device): else it would run on any device, which opens
+// and records events of another one.
+TEST_F(ChainTest, SeveralDevicesRefuseAnEventedExecuteThatNamesNoBuffer) {
+  backend_.set_two_devices(true);
+  core::SortTokensRequest sort;
+  sort.ids.source = core::TensorSpec::Source::kInline;
+  sort.ids.dtype = kernels::DType::kInt32;
+  sort.ids.shape = {1, 2};
+  const std::vector<int32_t> ids = {1, 0};
+  sort.ids.inline_data = absl::string_view(reinterpret_cast<const char*>(ids.data()), 8);
+  EXPECT_THAT(
+      Execute({sort}, Handle('w'), Handle('r')).status(),
+      StatusIs(StatusCode::kFailedPrecondition, "must name a buffer on the event's device"));
+  EXPECT_THAT(Execute({}, "", Handle('r')).status(), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(device_.log.empty()) << "refused before anything ran";
+  EXPECT_EQ(device_.ipc_opens, 0);
+  EXPECT_EQ(async_.inflight(), 0u);
+  // With a buffer it runs; on one device, without one too.
+  AddGatherBuffers();
+  EXPECT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
+  backend_.set_two_devices(false);
+  EXPECT_OK(Execute({}, Handle('w'), ""));
 }
 
 TEST_F(ChainTest, TheEventCacheIsBoundedPerSessionAndSharesAHandle) {
@@ -138,8 +294,10 @@ TEST_F(ChainTest, TheEventCacheIsBoundedPerSessionAndSharesAHandle) {
   cache.EndSession("s");
   EXPECT_EQ(device_.live_events(), 0u);
   EXPECT_EQ(cache.cached("s"), 0u);
+  EXPECT_EQ(cache.tracked(), 0u) << "forgotten once the session's events went";
   EXPECT_THAT(cache.Get("s", Handle('\xFF'), "record_event").status(),
               StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(cache.tracked(), 0u) << "a failed open adds nothing";
 }
 
 TEST(AsyncRequestsTest, CapsDeferredErrorsAndWaiting) {

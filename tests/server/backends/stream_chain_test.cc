@@ -7,7 +7,10 @@
 // completed, all show here as a wrong log, stale memory or a wrong count.
 #include "tests/server/backends/stream_chain_test.h"
 
+#include <chrono>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -16,7 +19,6 @@ namespace tokensel::testing {
 namespace {
 
 using ::absl::StatusCode;
-using kernels::DType;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -24,9 +26,7 @@ using ::testing::HasSubstr;
 std::vector<float> Floats(const float* p, size_t n) { return std::vector<float>(p, p + n); }
 
 TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCompletes) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   absl::StatusOr<std::vector<core::OpResult>> r =
       Execute({Gather("acts", "idx", "out")}, Handle('w'), Handle('r'));
   ASSERT_OK(r);
@@ -63,9 +63,7 @@ TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCom
 }
 
 TEST_F(ChainTest, AllOpsRunOnOneStreamBetweenTheWaitAndTheRecord) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   float* out2 = AddBuffer("out2", std::vector<float>(8, 0.f));
   // The second op reads an inline copy of the indices: staged after the
   // wait, on the same stream, its blocks held until completion.
@@ -124,21 +122,19 @@ TEST_F(ChainTest, InlineOutputsMakeTheEventedExecuteSynchronous) {
   // The output is zeroed and copied back on the stream, the op synchronized
   // (the reply needs the bytes), and the client's event still recorded.
   EXPECT_THAT(device_.log,
-              ElementsAre(Call{"wait", s}, Call{"zero", s}, Call{"kernel", s}, Call{"d2h", s},
-                          Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
+              ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"zero", s}, Call{"kernel", s},
+                          Call{"d2h", s}, Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(backend_.queue().pending(), 0u);
   EXPECT_EQ(pools_.InUse(), 0u);
 }
 
 TEST_F(ChainTest, WaitEventAloneWaitsThenRunsSynchronously) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, Handle('w'), ""));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log,
-              ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"sync", s}, Call{"drain", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"kernel", s},
+                                       Call{"sync", s}, Call{"drain", s}));
   EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(device_.free_streams(), 1u);
@@ -155,9 +151,7 @@ TEST_F(ChainTest, ZeroOpsWaitAndRecordOnly) {
 }
 
 TEST_F(ChainTest, TheAsyncCapsRefuseBeforeAnythingRuns) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  AddBuffer("out", std::vector<float>(8, 0.f));
+  AddGatherBuffers();
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
   const size_t calls = device_.log.size();
@@ -194,31 +188,26 @@ class Expired final : public kernels::StopToken {
 };
 
 TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
-  AddBuffer("acts", kChainActs);
-  AddBuffer("idx", kChainIdx);
-  float* out = AddBuffer("out", std::vector<float>(8, 0.f));
+  float* out = AddGatherBuffers();
   device_.pending_handles.insert(Handle('p'));
   const Expired expired;
-  events_ = core::IpcEvents{Handle('p'), ""};
-  core::RunOptions options;
-  options.events = &events_;
-  options.async = &async_;
-  options.stop = &expired;
+  stop_ = &expired;
   const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
-  EXPECT_THAT(executor_.RunAll("s", ops, options).status(),
+  EXPECT_THAT(Execute(ops, Handle('p'), "").status(),
               StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
   const StreamDevice::Stream s = LastStream();
   // Nothing ran, nothing synchronized on the host: the stream (still
   // waiting on the client's event) went to the completion queue.
-  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"complete", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"complete", s}));
+  EXPECT_EQ(backend_.queue().Poll(), 0) << "the stream still waits on the client";
   EXPECT_EQ(backend_.queue().pending(), 1u);
   EXPECT_EQ(async_.inflight("s"), 1u) << "counted against the caps while it waits";
   EXPECT_EQ(out[0], 0.f);
   // The same request without a deadline problem, once the client is done:
   // it runs (the host poll saw the event complete).
   device_.ClientEventDone(Handle('p'));
-  options.stop = nullptr;
-  ASSERT_OK(executor_.RunAll("s", ops, options));
+  stop_ = nullptr;
+  ASSERT_OK(Execute(ops, Handle('p'), ""));
   EXPECT_THAT(Floats(out, 8), ElementsAreArray(kChainGathered));
   device_.Progress(s);
   EXPECT_EQ(backend_.queue().Poll(), 1);
@@ -226,6 +215,63 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   EXPECT_OK(async_.TakeDeferred("s")) << "the request answered its error itself";
   EXPECT_EQ(pools_.InUse(), 0u);
   EXPECT_EQ(device_.free_streams(), 2u);
+}
+
+// The client records its wait event again (on an idle stream) while the
+// server's stream still waits on the previous record: the client's event
+// then reports done, but the stream would block a host synchronization for
+// ever. The host must watch what the stream waits on (the marker).
+class RerecordThenExpire final : public kernels::StopToken {
+ public:
+  RerecordThenExpire(FakeStreamDevice* device, std::string handle)
+      : device_(device), handle_(std::move(handle)) {}
+  absl::Status Check() const override {
+    if (++checks_ == 1) {
+      device_->ClientRerecord(handle_);
+      return absl::OkStatus();
+    }
+    return checks_ > 50 ? absl::DeadlineExceededError("deadline passed") : absl::OkStatus();
+  }
+
+ private:
+  FakeStreamDevice* const device_;
+  const std::string handle_;
+  mutable int checks_ = 0;
+};
+
+TEST_F(ChainTest, AClientThatRecordsItsWaitEventAgainDoesNotReleaseTheSyncWait) {
+  float* out = AddGatherBuffers();
+  device_.pending_handles.insert(Handle('p'));
+  const RerecordThenExpire stop(&device_, Handle('p'));
+  stop_ = &stop;
+  EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('p'), "").status(),
+              StatusIs(StatusCode::kDeadlineExceeded, "wait_event: not completed by the client"));
+  const StreamDevice::Stream s = LastStream();
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"complete", s}))
+      << "no op ran, nothing synchronized";
+  EXPECT_EQ(out[0], 0.f);
+  // The original record completes: the stream's wait ends, the queue sees it.
+  device_.ClientEventDone(Handle('p'));
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight(), 0u);
+  EXPECT_EQ(pools_.InUse(), 0u);
+  EXPECT_EQ(device_.free_streams(), 1u);
+}
+
+TEST_F(ChainTest, ASyncWaitWithoutADeadlineEndsAtTheServersMaximum) {
+  AddGatherBuffers();
+  device_.pending_handles.insert(Handle('p'));
+  backend_.set_max_host_wait(std::chrono::milliseconds(30));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<core::OpResult>> r =
+      Execute({Gather("acts", "idx", "out")}, Handle('p'), "");
+  EXPECT_THAT(r.status(), StatusIs(StatusCode::kDeadlineExceeded, "wait_event"));
+  EXPECT_THAT(r.status().message(), HasSubstr("the server's maximum wait of 30 ms"));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+  EXPECT_EQ(backend_.queue().pending(), 1u) << "abandoned: the stream waits off-thread";
+  device_.ClientEventDone(Handle('p'));
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(async_.inflight(), 0u);
 }
 
 }  // namespace

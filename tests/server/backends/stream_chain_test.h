@@ -8,6 +8,7 @@
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_STREAM_CHAIN_TEST_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_STREAM_CHAIN_TEST_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -56,9 +57,21 @@ class ChainBackend final : public StreamBackend {
     ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamChain> chain,
                      backends::StreamChain::Begin(device_, pools_, &queue_, std::move(wait),
                                                   std::move(record), async));
+    chain->set_max_host_wait(max_host_wait_);
     return std::unique_ptr<core::RequestChain>(std::move(chain));
   }
   void EndSession(const std::string& session) override { events_.EndSession(session); }
+  // Two devices (multi_device tests): the request's buffers route it.
+  std::vector<core::DeviceDescription> devices() const override {
+    return std::vector<core::DeviceDescription>(two_devices_ ? 2 : 1);
+  }
+  absl::StatusOr<core::BackendRoute> Route(
+      absl::FunctionRef<std::vector<core::TensorPlacement>()> placements) override {
+    (void)placements();
+    return core::BackendRoute(this);
+  }
+  void set_two_devices(bool two) { two_devices_ = two; }
+  void set_max_host_wait(std::chrono::milliseconds wait) { max_host_wait_ = wait; }
 
   backends::CompletionQueue& queue() { return queue_; }
   backends::IpcEventCache& events() { return events_; }
@@ -66,6 +79,8 @@ class ChainBackend final : public StreamBackend {
  private:
   backends::CompletionQueue queue_;
   backends::IpcEventCache events_;
+  bool two_devices_ = false;
+  std::chrono::milliseconds max_host_wait_ = backends::StreamChain::kMaxHostWait;
 };
 
 // A by-reference tensor spec.
@@ -78,6 +93,11 @@ inline core::TensorSpec DeviceBuf(const std::string& name, kernels::DType dtype,
   spec.shape = std::move(shape);
   return spec;
 }
+
+inline const std::vector<float> kChainActs = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
+inline const std::vector<int32_t> kChainIdx = {2, 0, 1, 2};
+// out[b,r,:] = acts[b, idx[b,r], :]
+inline const std::vector<float> kChainGathered = {4, 5, 0, 1, 12, 13, 14, 15};
 
 class ChainTest : public ::testing::Test {
  protected:
@@ -92,6 +112,12 @@ class ChainTest : public ::testing::Test {
     std::memcpy(data, values.data(), bytes);
     EXPECT_OK(registry_.Register(s, name, core::CudaIpcSpec{handle, "GPU-fake", 0, bytes}));
     return data;
+  }
+  // The buffers of Gather("acts", "idx", "out"); out (8 zeros).
+  float* AddGatherBuffers() {
+    AddBuffer("acts", kChainActs);
+    AddBuffer("idx", kChainIdx);
+    return AddBuffer("out", std::vector<float>(8, 0.f));
   }
   static core::TensorSpec Buf(const std::string& name, kernels::DType dtype,
                               std::vector<int64_t> shape) {
@@ -114,6 +140,7 @@ class ChainTest : public ::testing::Test {
     core::RunOptions options;
     options.events = &events_;
     options.async = &async_;
+    options.stop = stop_;
     return executor_.RunAll(s, ops, options);
   }
   // The stream of the last chain: the one the first "wait" or "kernel" ran on.
@@ -131,12 +158,8 @@ class ChainTest : public ::testing::Test {
   ChainBackend backend_{&device_, pools_.pools(), 2};
   core::Executor executor_{&backend_, &registry_, nullptr, core::ExecutorLimits(), &budget_};
   core::IpcEvents events_;
+  const kernels::StopToken* stop_ = nullptr;  // the calls' stop token (Execute)
 };
-
-inline const std::vector<float> kChainActs = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
-inline const std::vector<int32_t> kChainIdx = {2, 0, 1, 2};
-// out[b,r,:] = acts[b, idx[b,r], :]
-inline const std::vector<float> kChainGathered = {4, 5, 0, 1, 12, 13, 14, 15};
 
 }  // namespace tokensel::testing
 

@@ -79,6 +79,16 @@ class ServerEventsTest : public ::testing::Test {
     ctx->set_deadline(std::chrono::system_clock::now() + deadline);
     return ToAbsl(server_->stub().Execute(ctx.get(), req, response));
   }
+  // An async Execute (record_event, no op); the stream it left queued
+  // (null if it failed).
+  FakeStreamDevice::Stream ExecuteAsync() {
+    v1::ExecuteRequest async;
+    async.set_record_event(std::string(64, 'r'));
+    v1::ExecuteResponse response;
+    const absl::Status st = Execute(async, &response);
+    EXPECT_OK(st);
+    return st.ok() && !device_.log.empty() ? device_.log.back().stream : nullptr;
+  }
   // An inline GatherTokens (its output comes back inline: a sync request).
   static v1::ExecuteRequest Gather() {
     v1::ExecuteRequest req;
@@ -167,11 +177,8 @@ TEST_F(ServerEventsTest, TheBarrierReturnsOnceTheSessionsWorkCompleted) {
 }
 
 TEST_F(ServerEventsTest, ShutdownWaitsForTheAsyncWorkBeforeTearingDown) {
-  v1::ExecuteRequest async;
-  async.set_record_event(std::string(64, 'r'));
-  v1::ExecuteResponse response;
-  ASSERT_OK(Execute(async, &response));
-  const FakeStreamDevice::Stream s = device_.log.back().stream;
+  const FakeStreamDevice::Stream s = ExecuteAsync();
+  ASSERT_NE(s, nullptr);
   // The device gets there later, while the server shuts down (the server's
   // own threads do not touch the fake until the work completed).
   std::thread device([this, s] {
@@ -182,6 +189,23 @@ TEST_F(ServerEventsTest, ShutdownWaitsForTheAsyncWorkBeforeTearingDown) {
   server_.reset();
   EXPECT_EQ(device_.free_streams(), 1u) << "the server waited for the work before going";
   device.join();
+}
+
+// A client event that never completes must not hold the server's shutdown
+// for ever: after the grace it leaks what the stuck work holds and returns.
+TEST_F(ServerEventsTest, ShutdownGivesUpOnStuckAsyncWorkAfterTheGrace) {
+  const FakeStreamDevice::Stream s = ExecuteAsync();
+  ASSERT_NE(s, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  server_->server().Shutdown(absl::Milliseconds(50));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(backend_.queue().pending(), 1u) << "still stuck, not completed";
+  server_.reset();
+  // The work completes later: what it held (leaked by the server) is still
+  // there to be released.
+  device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_EQ(pools_.InUse(), 0u);
 }
 
 }  // namespace

@@ -94,6 +94,10 @@ class Client:
         self._lock = threading.Lock()
         # buffer name -> _Region(address, size, device, owner, request)
         self._regions = {}
+        # Events passed to execute(): kept alive until the session's next
+        # barrier (execute([]) without events) or close, since the server's
+        # streams may still wait on or record them.
+        self._held_events = []
         self._stop = threading.Event()
         self._reopened = threading.Condition()
         self.reopen_count = 0  # sessions re-opened (guarded by _reopened)
@@ -239,6 +243,7 @@ class Client:
         except errors.TokenselError as err:
             first_error = first_error or err
         finally:
+            self._held_events.clear()
             self.session_id = None
             self._channel.close()
         if first_error is not None:
@@ -405,13 +410,23 @@ class Client:
             ops[k] (Name): "; execute([]) waits for the session's pending
             work and raises that error if there is one;
           - at most 16 such calls per session in flight
-            (ResourceExhaustedError beyond)."""
+            (ResourceExhaustedError beyond);
+          - an event passed must stay alive (not destroyed nor reused for
+            another purpose) while the server may use it: this client keeps
+            a reference to each until the session's next barrier
+            (execute([]) without events) or close()."""
         prepared_ops = list(prepared_ops)
         request = pb.ExecuteRequest(
             ops=[pb.Op(**{p.field: p.request}) for p in prepared_ops],
             wait_event=cuda_ipc.event_handle(wait_event, "wait_event"),
             record_event=cuda_ipc.event_handle(record_event, "record_event"))
+        for event in (wait_event, record_event):
+            if event is not None and not isinstance(event, (bytes, bytearray, memoryview)):
+                self._held_events.append(event)
+        barrier = not prepared_ops and wait_event is None and record_event is None
         response = self.call("Execute", request)
+        if barrier:
+            self._held_events.clear()  # the session's work completed
         return [p.finish(r) for p, r in zip(prepared_ops, response.results)]
 
 
