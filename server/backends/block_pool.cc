@@ -10,12 +10,13 @@
 namespace tokensel::backends {
 
 BlockPool::BlockPool(std::string name, size_t granule, size_t max_cached_bytes, AllocateFn allocate,
-                     FreeFn free)
+                     FreeFn free, FreeGate* gate)
     : name_(std::move(name)),
       granule_(granule == 0 ? 1 : granule),
       max_cached_bytes_(max_cached_bytes),
       allocate_(std::move(allocate)),
-      free_(std::move(free)) {}
+      free_(std::move(free)),
+      gate_(gate) {}
 
 BlockPool::~BlockPool() {
   absl::MutexLock lock(&mu_);
@@ -56,6 +57,15 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
 void BlockPool::Release(Block block) {
   if (block.data == nullptr) return;
   std::vector<void*> to_free;
+  // Trimming only while the gate is open, and the gate held until the
+  // frees are done (FreeGate).
+  const bool may_free = gate_ == nullptr || gate_->BeginFree();
+  struct GateHold {  // released on every path (a std::bad_alloc included)
+    FreeGate* gate;
+    ~GateHold() {
+      if (gate != nullptr) gate->EndFree();
+    }
+  } const hold{gate_ != nullptr && may_free ? gate_ : nullptr};
   {
     absl::MutexLock lock(&mu_);
     --in_use_;
@@ -76,7 +86,7 @@ void BlockPool::Release(Block block) {
     // would leave a load block between half the cap and the cap to be
     // freed and allocated again on every wave.
     const size_t low_water = max_cached_bytes_ / 2;
-    if (idle_bytes_ > max_cached_bytes_) {
+    if (may_free && idle_bytes_ > max_cached_bytes_) {
       auto it = idle_.end();
       while (idle_bytes_ > low_water && it != idle_.begin()) {
         --it;

@@ -42,6 +42,43 @@
 
 namespace tokensel::backends {
 
+// Whether pools may free now. On CUDA, cudaFree / cudaFreeHost synchronize
+// the whole device: while a stream of the device waits on a client's IPC
+// event (stream_chain.h), which may never complete, a free would block its
+// thread (a request's, or the completion thread) for as long. Enter() before
+// such a wait is queued and Leave() once the stream is back in its pool;
+// the pools sharing the gate trim only while no wait is registered, and a
+// free in progress finishes before a wait is queued (Enter waits for it).
+// Meanwhile a pool keeps its idle blocks beyond its cap: they are returned
+// by a later Release, once the gate is open again.
+class FreeGate {
+ public:
+  void Enter() {
+    absl::MutexLock lock(&mu_);
+    ++waits_;
+  }
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    --waits_;
+  }
+  // True (holding the gate until EndFree) when no wait is registered.
+  bool BeginFree() ABSL_SHARED_TRYLOCK_FUNCTION(true, mu_) {
+    mu_.ReaderLock();
+    if (waits_ == 0) return true;
+    mu_.ReaderUnlock();
+    return false;
+  }
+  void EndFree() ABSL_UNLOCK_FUNCTION(mu_) { mu_.ReaderUnlock(); }
+  bool open() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return waits_ == 0;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int waits_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class BlockPool {
  public:
   struct Block {
@@ -51,9 +88,9 @@ class BlockPool {
   using AllocateFn = std::function<absl::StatusOr<void*>(size_t bytes)>;
   using FreeFn = std::function<void(void* data)>;
 
-  // `granule` > 0.
+  // `granule` > 0. `gate` (may be null: always open) must outlive the pool.
   BlockPool(std::string name, size_t granule, size_t max_cached_bytes, AllocateFn allocate,
-            FreeFn free);
+            FreeFn free, FreeGate* gate = nullptr);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -79,6 +116,7 @@ class BlockPool {
   const size_t max_cached_bytes_;
   const AllocateFn allocate_;
   const FreeFn free_;
+  FreeGate* const gate_;
   mutable absl::Mutex mu_;
   std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);  // bytes -> block
   size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;

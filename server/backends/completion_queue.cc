@@ -95,6 +95,8 @@ void CompletionQueue::Release(CompletionWork& work) {
   work.staging.clear();
   if (work.done_event != nullptr) device_->DestroyEvent(std::exchange(work.done_event, nullptr));
   if (work.stream != nullptr) device_->ReleaseStream(std::exchange(work.stream, nullptr));
+  // The stream no longer waits on a client's event: the pools may free again.
+  if (work.gate != nullptr) std::exchange(work.gate, nullptr)->Leave();
   // Dropped one at a time: if a destructor throws, the others still go.
   while (!work.holds.empty()) {
     std::shared_ptr<void> hold = std::move(work.holds.back());

@@ -62,6 +62,7 @@ struct CompletionWork {
   std::vector<LeaseSink::PendingOp> ops;
   std::vector<std::shared_ptr<void>> holds;
   std::function<void(absl::Status)> done;  // may be empty
+  FreeGate* gate = nullptr;   // entered for a client wait on the stream; left at release
   bool query_stream = false;  // watched by QueryStream (no event recorded, or it failed)
   bool report = true;         // false: the request answered an error; `done` gets OK
   absl::Status error;         // the first failed query, for the deferred error

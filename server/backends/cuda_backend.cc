@@ -88,19 +88,20 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
       workspaces_(
           "cuda backend: a workspace", kWorkspaceGranule, kMaxCachedWorkspaceBytes,
           [this](size_t bytes) { return AllocateDevice(bytes, "workspace"); },
-          FreeDevice(device_.ordinal)),
+          FreeDevice(device_.ordinal), &free_gate_),
       staging_(
           "cuda backend: device staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocateDevice(bytes, "staging"); },
-          FreeDevice(device_.ordinal)),
+          FreeDevice(device_.ordinal), &free_gate_),
       pinned_(
           "cuda backend: pinned host staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocatePinned(bytes); },
           [ordinal = device_.ordinal](void* p) {
             (void)cudaSetDevice(ordinal);
             (void)cudaFreeHost(p);
-          }),
-      completions_(this, StreamPools{&pinned_, &staging_, &workspaces_}),
+          },
+          &free_gate_),
+      completions_(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_}),
       events_(this) {}
 
 absl::StatusOr<void*> CudaBackend::AllocateDevice(size_t bytes, absl::string_view what) {
@@ -311,8 +312,9 @@ absl::Status CudaBackend::Drain(kc::Stream stream, absl::Status status) {
 }
 
 absl::StatusOr<std::unique_ptr<core::RequestLease>> CudaBackend::BeginRequest() {
-  ASSIGN_OR_RETURN(std::unique_ptr<StreamLease> lease,
-                   StreamLease::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<StreamLease> lease,
+      StreamLease::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_}));
   return std::unique_ptr<core::RequestLease>(std::move(lease));
 }
 

@@ -191,6 +191,9 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   mutable absl::Mutex mu_;
   std::vector<kernels::cuda::Stream> all_streams_ ABSL_GUARDED_BY(mu_);
   std::vector<kernels::cuda::Stream> free_streams_ ABSL_GUARDED_BY(mu_);
+  // Closed while a stream waits on a client's event: the pools then do not
+  // free (block_pool.h). Outlives them.
+  FreeGate free_gate_;
   // Destroyed before the members above (their free functions read nothing
   // of this object but the ordinal they captured).
   BlockPool workspaces_;

@@ -141,9 +141,10 @@ absl::StatusOr<std::unique_ptr<core::RequestChain>> CudaBackend::BeginChain(
   if (!events.record.empty()) {
     ASSIGN_OR_RETURN(record, events_.Get(session, events.record, "record_event"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<StreamChain> chain,
-                   StreamChain::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_},
-                                      &completions_, std::move(wait), std::move(record), async));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<StreamChain> chain,
+      StreamChain::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_},
+                         &completions_, std::move(wait), std::move(record), async));
   return std::unique_ptr<core::RequestChain>(std::move(chain));
 }
 

@@ -15,6 +15,8 @@ StreamChain::StreamChain(StreamDevice* device, StreamPools pools, CompletionQueu
                          bool async)
     : device_(device), pools_(pools), queue_(queue), async_(async) {
   node_.emplace_back();  // the work item, allocated before any stream is taken
+  // Room for the Holds that must not throw (RequestChain::Hold).
+  node_.front().holds.reserve(core::RequestChain::kHoldsThatCannotThrow);
 }
 
 absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
@@ -37,6 +39,12 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
   // returns them). The wait comes first on the stream: every staging copy,
   // fill and kernel of the request is ordered after the client's work.
   if (chain->wait_ != nullptr) {
+    // No pool frees while the stream may wait (block_pool.h, FreeGate):
+    // entered before the wait is queued, left when the stream is released.
+    if (pools.gate != nullptr) {
+      pools.gate->Enter();
+      w.gate = pools.gate;
+    }
     RETURN_IF_ERROR(device->WaitEvent(w.stream, chain->wait_->get(), "wait_event"));
     // Sync: the marker AwaitWait polls (stream_chain.h: not the client's
     // event, which the client may record again meanwhile).

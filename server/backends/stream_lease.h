@@ -124,9 +124,10 @@ class StreamDevice {
 };
 
 struct StreamPools {
-  BlockPool* pinned;      // host staging (page-locked)
-  BlockPool* staging;     // device staging
-  BlockPool* workspaces;  // device workspaces of the ops
+  BlockPool* pinned;         // host staging (page-locked)
+  BlockPool* staging;        // device staging
+  BlockPool* workspaces;     // device workspaces of the ops
+  FreeGate* gate = nullptr;  // the pools' (block_pool.h); null: none
 };
 
 // Where a lease on an async chain leaves what its device work still uses.

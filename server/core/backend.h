@@ -163,6 +163,10 @@ class RequestChain {
   // its deferred error.
   virtual absl::StatusOr<std::unique_ptr<RequestLease>> BeginOp(std::string label) = 0;
   // Kept alive until the device work completed (async) or the chain ends.
+  // The first kHoldsThatCannotThrow calls (before Commit) do not throw: the
+  // executor gives the chain what the device work uses on its exception
+  // path too.
+  static constexpr size_t kHoldsThatCannotThrow = 2;
   virtual void Hold(std::shared_ptr<void> keep) = 0;
   // Sync chains, before the first op: waits on the host, polling, until
   // the client's wait_event completed (OK at once without one), or until

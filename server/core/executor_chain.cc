@@ -44,71 +44,79 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   }
   // Counted (and capped) too: a sync request that waits on a client event,
   // which may leave its stream behind waiting (RequestChain::AwaitWait).
-  std::optional<AsyncRequests::Ticket> ticket;
+  // What the device work of the request uses besides its stream, staging
+  // and workspaces: the buffers its views point into (`keep`: an
+  // UnregisterBuffer or a session end meanwhile is deferred), the memory
+  // reservation (async: the request's own; nothing of it goes into the
+  // reply), the route (the device counts the request in flight) and the
+  // admission ticket. Allocated before the chain begins and given to it
+  // whole, with one Hold that cannot throw (RequestChain::Hold), on every
+  // path once anything may be queued: an exception included, since the
+  // chain's destructor may then hand its stream to the completion thread
+  // (it may still wait on the client's event) rather than drain it.
+  struct Held {
+    std::vector<BufferLease> keep;
+    MemoryBudget::Reservation own;
+    std::optional<BackendRoute> route;
+    std::optional<AsyncRequests::Ticket> ticket;
+  };
+  auto held = std::make_shared<Held>();
   if (options.async != nullptr && (async || !events.wait.empty())) {
-    ASSIGN_OR_RETURN(ticket, options.async->Admit(session));
+    ASSIGN_OR_RETURN(held->ticket, options.async->Admit(session));
   }
   Backend& backend = route.backend();
-  // Declared before the chain, so destroyed AFTER it on every path (an
-  // exception included): the chain's destructor may still drain or hand
-  // over device work that uses the buffers (`keep`) and the reservation.
-  // Async: a reservation of the request's own, which the chain holds until
-  // the device work completed (nothing of it goes into the reply).
-  MemoryBudget::Reservation own =
-      budget_ != nullptr ? budget_->Open() : MemoryBudget::Reservation();
-  std::vector<BufferLease> keep;
+  held->route.emplace(std::move(route));
+  if (budget_ != nullptr) held->own = budget_->Open();
   ASSIGN_OR_RETURN(std::unique_ptr<RequestChain> chain, backend.BeginChain(session, events, async));
-  MemoryBudget::Reservation* memory = (!async && options.memory != nullptr) ? options.memory : &own;
+  MemoryBudget::Reservation* memory =
+      (!async && options.memory != nullptr) ? options.memory : &held->own;
   std::vector<OpResult> results;
-  results.reserve(ops.size());
-  // Sync: the host waits for the client's event first, within the call's
-  // deadline (Finish's synchronization could not be interrupted).
-  absl::Status status = chain->AwaitWait(options.stop);
-  for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
-    const std::string label = absl::StrCat("ops[", i, "] (", OpName(ops[i]), ")");
-    absl::StatusOr<std::unique_ptr<RequestLease>> lease = chain->BeginOp(label);
-    OpResult result;
-    uint64_t staged = 0;
-    if (lease.ok()) {
-      status = RunLeased(session, ops[i], backend, lease->get(), memory, options, &keep, async,
-                         &result, &staged);
-      // Sync: the lease drains and returns its staging. Async: it hands its
-      // staging and op to the chain (nothing waits).
-      lease->reset();
-    } else {
-      status = lease.status();
-    }
-    if (!async) memory->Shrink(staged);
-    if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat(label, ": ", status.message()));
-    } else {
-      results.push_back(std::move(result));
-    }
-  }
+  absl::Status status;
   RequestChain::DoneFn done;
-  if (async) {
-    // Whatever was launched keeps its memory until it completed: the
-    // buffers (an UnregisterBuffer or a session end meanwhile is deferred),
-    // the reservation, and the route (the device counts it in flight).
-    // (Moved in only once each Hold can no longer throw: a copy of the
-    // lease first; if an allocation fails, `keep` still has them and the
-    // chain's destructor runs before `keep` goes.)
-    for (const BufferLease& l : keep) chain->Hold(std::make_shared<BufferLease>(l));
-    chain->Hold(std::make_shared<MemoryBudget::Reservation>(std::move(own)));
-    chain->Hold(std::make_shared<BackendRoute>(std::move(route)));
+  try {
+    results.reserve(ops.size());
+    // Sync: the host waits for the client's event first, within the call's
+    // deadline (Finish's synchronization could not be interrupted).
+    status = chain->AwaitWait(options.stop);
+    for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
+      const std::string label = absl::StrCat("ops[", i, "] (", OpName(ops[i]), ")");
+      absl::StatusOr<std::unique_ptr<RequestLease>> lease = chain->BeginOp(label);
+      OpResult result;
+      uint64_t staged = 0;
+      if (lease.ok()) {
+        status = RunLeased(session, ops[i], backend, lease->get(), memory, options, &held->keep,
+                           async, &result, &staged);
+        // Sync: the lease drains and returns its staging. Async: it hands
+        // its staging and op to the chain (nothing waits).
+        lease->reset();
+      } else {
+        status = lease.status();
+      }
+      if (!async) memory->Shrink(staged);
+      if (!status.ok()) {
+        status = absl::Status(status.code(), absl::StrCat(label, ": ", status.message()));
+      } else {
+        results.push_back(std::move(result));
+      }
+    }
+    if (held->ticket.has_value()) {
+      auto shared = std::make_shared<AsyncRequests::Ticket>(std::move(*held->ticket));
+      held->ticket.reset();
+      // Only an async request that answered OK can have a deferred error;
+      // the others answered their error themselves (a failed Commit too:
+      // the chain then completes the work with no deferred error).
+      const bool report = async && status.ok();
+      done = [shared, report](const absl::Status& deferred) {
+        shared->Complete(report ? deferred : absl::OkStatus());
+      };
+    }
+  } catch (...) {
+    chain->Hold(held);  // cannot throw; ~chain then waits for or hands off the work
+    throw;
   }
-  if (ticket.has_value()) {
-    auto shared = std::make_shared<AsyncRequests::Ticket>(std::move(*ticket));
-    // Only an async request that answered OK can have a deferred error;
-    // the others answered their error themselves.
-    // Only an async request that answered OK can have a deferred error;
-    // the others answered their error themselves (a failed Commit too:
-    // the chain then completes the work with no deferred error).
-    const bool report = async && status.ok();
-    done = [shared, report](const absl::Status& deferred) {
-      shared->Complete(report ? deferred : absl::OkStatus());
-    };
-  }
+  // Async: whatever was launched keeps what it uses until it completed.
+  // Sync: every op completed; `held` goes with the chain or after it.
+  if (async) chain->Hold(held);
   const absl::Status committed = chain->Commit(std::move(done));
   chain.reset();
   RETURN_IF_ERROR(status);

@@ -120,3 +120,39 @@ def test_a_passed_event_is_kept_alive_until_the_next_barrier(client, sent):
     client.execute([])  # the barrier: the session's work completed
     gc.collect()
     assert ref() is None
+
+
+def test_a_barrier_keeps_the_events_of_calls_that_ended_after_it_began(client, monkeypatch):
+    """Another thread's evented call that ends while a barrier is on its way
+    (its Execute may reach the server after the barrier) keeps its event."""
+    import gc
+    import weakref
+    late = FakeIpcEvent(b"\xcd" * 63 + b"\x02")
+    ref = weakref.ref(late)
+    real = client.call
+
+    def barrier_meanwhile_another_call_ends(rpc, request, *args, **kwargs):
+        if rpc == "Execute" and not request.ops:
+            with pytest.raises(tokensel.FailedPreconditionError):
+                client.execute([gather(client)], record_event=late)
+        return real(rpc, request, *args, **kwargs)
+
+    monkeypatch.setattr(client, "call", barrier_meanwhile_another_call_ends)
+    client.execute([])
+    monkeypatch.setattr(client, "call", real)
+    del late
+    gc.collect()
+    assert ref() is not None, "its call ended after the barrier began"
+    client.execute([])
+    gc.collect()
+    assert ref() is None
+
+
+def test_close_waits_for_the_sessions_work_before_dropping_its_events(client, sent):
+    event = FakeIpcEvent(b"\xef" * 63 + b"\x03")
+    with pytest.raises(tokensel.FailedPreconditionError):
+        client.execute([gather(client)], record_event=event)
+    sent.clear()
+    client.close()
+    assert len(sent) == 1 and not sent[0].ops and sent[0].record_event == b"", \
+        "close() runs a barrier first"

@@ -120,5 +120,28 @@ TEST(BlockPoolTest, AReleasedBlockAboveTheCapIsFreedAtOnce) {
   EXPECT_EQ(p.frees, 1);
 }
 
+// While a stream of the device waits on a client's event (FreeGate entered)
+// a free would synchronize the device behind that event: nothing is freed,
+// the idle blocks stay beyond the cap, and the first release after the gate
+// reopens trims them.
+TEST(BlockPoolTest, NothingIsFreedWhileTheGateIsClosed) {
+  backends::FreeGate gate;
+  CountingPool p("pool", 1024, 4096, nullptr, &gate);
+  gate.Enter();
+  EXPECT_FALSE(gate.open());
+  std::vector<BlockPool::Block> blocks;
+  for (size_t kb : {1, 2, 3, 8}) blocks.push_back(*p.pool.Acquire(kb * 1024));
+  for (const BlockPool::Block& b : blocks) p.pool.Release(b);
+  EXPECT_EQ(p.frees, 0);
+  EXPECT_EQ(p.pool.cached_bytes(), size_t{14} << 10);
+  gate.Leave();
+  ASSERT_TRUE(gate.open());
+  absl::StatusOr<BlockPool::Block> again = p.pool.Acquire(1024);
+  ASSERT_OK(again);
+  p.pool.Release(*again);
+  EXPECT_GT(p.frees, 0);
+  EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
+}
+
 }  // namespace
 }  // namespace tokensel::testing

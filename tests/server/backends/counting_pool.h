@@ -40,7 +40,7 @@ inline std::ostream& operator<<(std::ostream& os, const Call& c) {
 // it, and such work would read or write the poison.
 struct CountingPool {
   CountingPool(const char* name, size_t granule, size_t cap,
-               std::vector<Call>* release_log = nullptr)
+               std::vector<Call>* release_log = nullptr, backends::FreeGate* gate = nullptr)
       : log(release_log),
         pool(
             name, granule, cap,
@@ -67,7 +67,8 @@ struct CountingPool {
                 std::free(p);
               }
               sizes.erase(p);
-            }) {}
+            },
+            gate) {}
   int mallocs = 0;
   int frees = 0;
   bool fail = false;
@@ -82,12 +83,13 @@ struct CountingPool {
 // `workspace_cap` idle); all logging their frees into `log` when set.
 struct LeasePools {
   LeasePools(size_t staging_cap, size_t workspace_cap, std::vector<Call>* log = nullptr)
-      : pinned("pinned", 4096, staging_cap, log),
-        staging("staging", 4096, staging_cap, log),
-        workspaces("workspaces", 1 << 20, workspace_cap, log) {}
+      : pinned("pinned", 4096, staging_cap, log, &gate),
+        staging("staging", 4096, staging_cap, log, &gate),
+        workspaces("workspaces", 1 << 20, workspace_cap, log, &gate) {}
   backends::StreamPools pools() {
-    return backends::StreamPools{&pinned.pool, &staging.pool, &workspaces.pool};
+    return backends::StreamPools{&pinned.pool, &staging.pool, &workspaces.pool, &gate};
   }
+  backends::FreeGate gate;  // first: outlives the pools
   size_t InUse() const {
     return pinned.pool.blocks_in_use() + staging.pool.blocks_in_use() +
            workspaces.pool.blocks_in_use();

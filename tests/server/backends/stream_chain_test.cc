@@ -217,6 +217,23 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   EXPECT_EQ(device_.free_streams(), 2u);
 }
 
+// While a stream waits on a client's event the pools free nothing: a
+// cudaFree / cudaFreeHost would synchronize the device behind that event
+// (block_pool.h, FreeGate). The gate reopens when the stream is released.
+TEST_F(ChainTest, ThePoolsFreeNothingWhileAStreamWaitsOnAClientEvent) {
+  AddGatherBuffers();
+  device_.pending_handles.insert(Handle('p'));
+  const Expired expired;
+  stop_ = &expired;
+  const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
+  EXPECT_THAT(Execute(ops, Handle('p'), "").status(), StatusIs(StatusCode::kDeadlineExceeded));
+  EXPECT_FALSE(pools_.gate.open()) << "a stream still waits on the client";
+  device_.ClientEventDone(Handle('p'));
+  device_.Progress(LastStream());
+  EXPECT_EQ(backend_.queue().Poll(), 1);
+  EXPECT_TRUE(pools_.gate.open());
+}
+
 // The client records its wait event again (on an idle stream) while the
 // server's stream still waits on the previous record: the client's event
 // then reports done, but the stream would block a host synchronization for

@@ -233,6 +233,13 @@ class Client:
         if self._keepalive_thread is not None:
             self._keepalive_thread.join()
         first_error = None
+        if self._held_events:
+            # The session's async work may still wait on or record these
+            # events: let it complete before they can be destroyed.
+            try:
+                self.execute([])
+            except errors.TokenselError as err:
+                first_error = err
         for region in list(self._regions.values()):
             try:
                 region.owner.close()
@@ -414,19 +421,33 @@ class Client:
           - an event passed must stay alive (not destroyed nor reused for
             another purpose) while the server may use it: this client keeps
             a reference to each until the session's next barrier
-            (execute([]) without events) or close()."""
+            (execute([]) without events; it keeps those of calls that ended
+            after it began) or close(), which runs such a barrier first."""
         prepared_ops = list(prepared_ops)
         request = pb.ExecuteRequest(
             ops=[pb.Op(**{p.field: p.request}) for p in prepared_ops],
             wait_event=cuda_ipc.event_handle(wait_event, "wait_event"),
             record_event=cuda_ipc.event_handle(record_event, "record_event"))
-        for event in (wait_event, record_event):
-            if event is not None and not isinstance(event, (bytes, bytearray, memoryview)):
-                self._held_events.append(event)
         barrier = not prepared_ops and wait_event is None and record_event is None
-        response = self.call("Execute", request)
-        if barrier:
-            self._held_events.clear()  # the session's work completed
+        # A barrier completes every Execute answered before it began: the
+        # events held for those (appended once their call ended) may go.
+        answered = len(self._held_events)
+        try:
+            response = self.call("Execute", request)
+        except errors.TokenselError as err:
+            if barrier and "deferred from async Execute" in str(err):
+                del self._held_events[:answered]  # that work completed too
+            raise
+        else:
+            if barrier:
+                del self._held_events[:answered]
+        finally:
+            # Held once the call ended, answered or not (the caller holds
+            # them during it): the server's streams may still wait on or
+            # record them, after an error too.
+            for event in (wait_event, record_event):
+                if event is not None and not isinstance(event, (bytes, bytearray, memoryview)):
+                    self._held_events.append(event)
         return [p.finish(r) for p, r in zip(prepared_ops, response.results)]
 
 
