@@ -5,28 +5,22 @@
 #ifndef TOKENSEL_TESTS_TESTING_SANITIZERS_H_
 #define TOKENSEL_TESTS_TESTING_SANITIZERS_H_
 
+#if defined(__has_feature)
+#define TOKENSEL_HAS_FEATURE(x) __has_feature(x)
+#else
+#define TOKENSEL_HAS_FEATURE(x) 0
+#endif
+
 namespace tokensel::testing {
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || TOKENSEL_HAS_FEATURE(address_sanitizer)
 inline constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool kAsan = true;
-#else
-inline constexpr bool kAsan = false;
-#endif
 #else
 inline constexpr bool kAsan = false;
 #endif
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || TOKENSEL_HAS_FEATURE(thread_sanitizer)
 inline constexpr bool kTsan = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kTsan = true;
-#else
-inline constexpr bool kTsan = false;
-#endif
 #else
 inline constexpr bool kTsan = false;
 #endif
