@@ -42,8 +42,6 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
         " devices must name a buffer on the event's device (its by-reference tensors choose the "
         "device that opens the events); none does"));
   }
-  // Counted (and capped) too: a sync request that waits on a client event,
-  // which may leave its stream behind waiting (RequestChain::AwaitWait).
   // What the device work of the request uses besides its stream, staging
   // and workspaces: the buffers its views point into (`keep`: an
   // UnregisterBuffer or a session end meanwhile is deferred), the memory
@@ -61,6 +59,8 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     std::optional<AsyncRequests::Ticket> ticket;
   };
   auto held = std::make_shared<Held>();
+  // Counted (and capped) too: a sync request that waits on a client event,
+  // which may leave its stream behind waiting (RequestChain::AwaitWait).
   if (options.async != nullptr && (async || !events.wait.empty())) {
     ASSIGN_OR_RETURN(held->ticket, options.async->Admit(session));
   }
