@@ -16,7 +16,8 @@ StreamChain::StreamChain(StreamDevice* device, StreamPools pools, CompletionQueu
     : device_(device), pools_(pools), queue_(queue), async_(async) {
   node_.emplace_back();  // the work item, allocated before any stream is taken
   // Room for the Holds that must not throw (RequestChain::Hold).
-  node_.front().holds.reserve(core::RequestChain::kHoldsThatCannotThrow);
+  // (Plus the client's two events, held by Begin.)
+  node_.front().holds.reserve(core::RequestChain::kHoldsThatCannotThrow + 2);
 }
 
 absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
@@ -26,6 +27,11 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
   chain->wait_ = std::move(wait);
   chain->record_ = std::move(record);
   CompletionWork& w = chain->work();
+  // The client's opened events live as long as the work queued on them
+  // (the chain itself ends at Commit): a session end or the cache's LRU
+  // must not cudaEventDestroy an event a queued wait or record still uses.
+  if (chain->wait_ != nullptr) w.holds.push_back(chain->wait_);
+  if (chain->record_ != nullptr) w.holds.push_back(chain->record_);
   // The private event before the stream: the hand-off then never lacks
   // one, and a failure here leaves nothing queued.
   ASSIGN_OR_RETURN(w.done_event, device->CreateEvent());

@@ -140,6 +140,9 @@ TEST_F(ChainTest, ASessionEndingInFlightKeepsItsMemoryUntilTheWorkCompletes) {
   backend_.EndSession("s");
   EXPECT_EQ(device_mapper_.live_mappings(), 3);
   EXPECT_EQ(backend_.events().cached("s"), 0u);
+  EXPECT_EQ(device_.live_events(), 3u)
+      << "the client's two events (and the private one) outlive the session while queued work "
+         "waits on and records them";
   device_.Progress(LastStream());
   EXPECT_EQ(backend_.queue().Poll(), 1);
   EXPECT_EQ(out[0], 4.f) << "read before the mapping went";
