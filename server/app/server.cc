@@ -182,6 +182,8 @@ absl::Status Server::Init() {
   if (d.ipc_events) {
     d.max_async_executes_per_session = async_->limits().per_session;
     d.max_async_executes = async_->limits().total;
+    d.max_stuck_executes_per_session = async_->limits().stuck_per_session;
+    d.max_stuck_executes = async_->limits().stuck_total;
   }
 
   FrontEndOptions front;
@@ -269,7 +271,7 @@ void Server::Shutdown(absl::Duration grace) {
   bool stuck = false;
   if (async_ != nullptr && !async_->WaitAll(std::max(deadline - absl::Now(), kIdleStreamGrace))) {
     stuck = true;
-    TS_LOG(ERROR) << "shutdown: " << async_->inflight()
+    TS_LOG(ERROR) << "shutdown: " << async_->inflight() + async_->stuck()
                   << " asynchronous Execute(s) stuck (their streams wait on client events that "
                      "have not completed); leaking the backend, buffers and budget they hold so "
                      "that the process can exit";
@@ -281,7 +283,13 @@ void Server::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   if (sessions_ != nullptr) sessions_->CloseAll();
   exposer_.reset();
-  if (stuck) LeakStuckWork();
+  if (stuck) {
+    // The completion threads stop waiting too (their tickets complete, what
+    // the stuck streams use is leaked): nothing keeps polling the device
+    // while the process exits. Then the owners are leaked.
+    if (backend_ != nullptr) backend_->AbandonPendingWork();
+    LeakStuckWork();
+  }
 }
 
 void Server::LeakStuckWork() {

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <exception>
 #include <new>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace tokensel::backends {
 namespace {
@@ -39,14 +41,35 @@ CompletionQueue::~CompletionQueue() { Shutdown(); }
 void CompletionQueue::Push(std::list<CompletionWork>* node) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    items_.splice(items_.end(), *node);
+    if (!closed_) {
+      items_.splice(items_.end(), *node);
+      cv_.notify_all();
+      return;
+    }
   }
-  cv_.notify_all();
+  // Nothing polls any more (Shutdown returned): never left pending. Done
+  // already (one query): completed as usual; else abandoned, its ticket
+  // completed and what its device work may use leaked.
+  CompletionWork& work = node->front();
+  bool give_up = false;
+  if (Ready(work, &give_up) && !give_up) {
+    Complete(work, work.error);
+  } else {
+    Abandon(work, absl::UnavailableError(
+                      "the server was shutting down: the request's device work had not completed "
+                      "(its stream may wait on a client's wait_event) and was abandoned"));
+  }
+  node->clear();
 }
 
 size_t CompletionQueue::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return items_.size();
+}
+
+size_t CompletionQueue::abandoned() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abandoned_;
 }
 
 void CompletionQueue::Complete(CompletionWork& work, const absl::Status& error) {
@@ -105,7 +128,7 @@ void CompletionQueue::Release(CompletionWork& work) {
   }
 }
 
-bool CompletionQueue::Ready(CompletionWork& work) {
+bool CompletionQueue::Ready(CompletionWork& work, bool* give_up) {
   if (!work.query_stream && work.done_event != nullptr) {
     absl::StatusOr<bool> done = device_->EventDone(work.done_event);
     if (done.ok()) return *done;
@@ -116,11 +139,77 @@ bool CompletionQueue::Ready(CompletionWork& work) {
   }
   if (!work.query_stream) return true;
   absl::StatusOr<bool> idle = device_->QueryStream(work.stream);
-  if (idle.ok()) return *idle;
+  if (idle.ok()) {
+    work.failed_queries = 0;
+    return *idle;
+  }
   if (work.error.ok()) work.error = idle.status();
   // A failed device runs nothing more: the item completes with the error.
-  // A device still usable: queried again later.
-  return !device_->CheckUsable().ok();
+  if (!device_->CheckUsable().ok()) return true;
+  // A device still usable: queried again later, but not for ever (top of
+  // completion_queue.h): a query that keeps failing without a sticky error
+  // says nothing of the stream's work, which may still run; the device is
+  // treated as failed and the item abandoned (nothing returned to a pool).
+  const Clock::time_point now = Clock::now();
+  if (work.failed_queries++ == 0) work.first_failure = now;
+  if (work.failed_queries >= kMinFailedQueries && now - work.first_failure >= failed_query_limit_) {
+    device_->MarkOutOfService(absl::StrCat(
+        "a request's completion query failing ", work.failed_queries, " times in a row for ",
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - work.first_failure).count(),
+        " ms without a sticky error (", idle.status().message(), ")"));
+    *give_up = true;
+  }
+  return false;
+}
+
+void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
+  // Leaked on purpose (completion_queue.h): the stream, the blocks and the
+  // event are forgotten, the FreeGate stays entered, and the holds (buffer
+  // leases, reservation, route, the client's events) are kept reachable for
+  // the rest of the process. Out of host memory for the list, they are
+  // dropped instead (then a late kernel may write into unmapped memory: as
+  // unlikely as it is unavoidable).
+  static std::mutex leaked_mu;
+  static auto* const leaked = new std::list<std::vector<std::shared_ptr<void>>>();
+  try {
+    std::lock_guard<std::mutex> lock(leaked_mu);
+    leaked->emplace_back(std::move(work.holds));
+  } catch (...) {
+  }
+  work.holds.clear();
+  work.ops.clear();  // the args' host copies; the workspaces are forgotten
+  work.staging.clear();
+  work.stream = nullptr;
+  work.done_event = nullptr;
+  work.gate = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++abandoned_;
+  }
+  if (!work.done) return;
+  try {
+    std::exchange(work.done, nullptr)(work.report ? error : absl::OkStatus());
+  } catch (...) {
+  }
+}
+
+void CompletionQueue::AbandonPending() {
+  std::list<CompletionWork> mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;  // with the take: a later Push sees it (Push, closed)
+    mine.splice(mine.end(), items_);
+  }
+  if (mine.empty()) return;
+  TS_LOG(ERROR) << "completion queue: " << mine.size()
+                << " request(s) still pending at shutdown (their streams wait, probably on client "
+                   "events that never completed); abandoned: their tickets completed, their "
+                   "streams, blocks and buffers leaked so that the process can exit";
+  for (CompletionWork& work : mine) {
+    Abandon(work, absl::UnavailableError(
+                      "the server shut down before the request's device work completed (its "
+                      "stream still waited, probably on a client's wait_event)"));
+  }
 }
 
 int CompletionQueue::Poll() {
@@ -131,11 +220,16 @@ int CompletionQueue::Poll() {
   }
   int completed = 0;
   for (auto it = mine.begin(); it != mine.end();) {
-    if (!Ready(*it)) {
+    bool give_up = false;
+    const bool ready = Ready(*it, &give_up);
+    if (give_up) {
+      Abandon(*it, it->error);
+    } else if (!ready) {
       ++it;
       continue;
+    } else {
+      Complete(*it, it->error);
     }
-    Complete(*it, it->error);
     it = mine.erase(it);
     ++completed;
   }
@@ -151,10 +245,21 @@ void CompletionQueue::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (items_.empty()) {
-      if (stop_) return;
+      if (stop_) {
+        closed_ = true;
+        return;
+      }
       cv_.wait(lock, [this] { return stop_ || !items_.empty(); });
       backoff = kMinBackoff;
       continue;
+    }
+    // Bounded shutdown: what has not completed by the deadline is
+    // abandoned, so a stream stuck on a client's event cannot hold the
+    // thread (and the process's exit) for ever.
+    if (stop_ && Clock::now() >= deadline_) {
+      lock.unlock();
+      AbandonPending();
+      return;
     }
     lock.unlock();
     const int completed = Poll();
@@ -168,18 +273,23 @@ void CompletionQueue::Loop() {
   }
 }
 
-void CompletionQueue::Shutdown() {
+void CompletionQueue::Shutdown(Clock::time_point deadline) {
+  std::lock_guard<std::mutex> once(shutdown_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
     stop_ = true;
+    deadline_ = deadline;
   }
   cv_.notify_all();
   if (thread_.joinable()) {
-    thread_.join();  // the loop returns only once nothing is pending
+    thread_.join();  // returns once nothing is pending or the deadline passed
     return;
   }
-  // No thread (tests): complete what is left by waiting for each stream.
-  while (pending() > 0) {
+  // No thread (tests): what is done completes; the rest is drained by the
+  // host (the fake device does the work) until the deadline, then abandoned.
+  while (pending() > 0 && Clock::now() < deadline) {
+    if (Poll() > 0) continue;
     std::list<CompletionWork> mine;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -190,6 +300,7 @@ void CompletionQueue::Shutdown() {
       Complete(w, drained);
     }
   }
+  AbandonPending();
 }
 
 }  // namespace tokensel::backends

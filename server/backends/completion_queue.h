@@ -30,16 +30,40 @@
 // destructor) is caught: `done` still runs (with INTERNAL if it had not),
 // so the request's ticket is never lost.
 //
-// Shutdown (and the destructor) waits until every item completed, then
-// stops the thread: whoever owns the pools and the device destroys the
-// queue first (a server whose async work is stuck past its shutdown grace
-// leaks the backend, and so this queue, instead: server/app/server.h).
-// With own_thread = false nothing polls but Poll() (tests).
+// Failed queries: a query that fails without a sticky error is asked
+// again (the device may recover), but not for ever: once an item's queries
+// failed kMinFailedQueries times in a row AND for at least
+// failed_query_limit (5 s by default; any successful query resets both),
+// the device is treated as failed for it: the device is marked out of
+// service (StreamDevice::MarkOutOfService: health NOT_SERVING, every later
+// request UNAVAILABLE, the orchestrator restarts the server), and the item
+// is abandoned (below) with that error as its deferred error.
+//
+// Abandoning an item: its `done` runs (the request's ticket completes;
+// UNAVAILABLE for a request that had answered OK), and everything its
+// device work may still use is LEAKED, never returned: the stream (not
+// back in the pool; the backend's destructor may still destroy it, which
+// is legal with work pending), the blocks (not back in their pools), the
+// event, the FreeGate entry (the pools stay closed: a free could
+// synchronize behind the stuck stream), and the holds (buffer leases: the
+// mapped memory a kernel may still write), kept in a process-wide list.
+// Counted in abandoned().
+//
+// Shutdown(deadline) stops the queue: the thread keeps completing items
+// until none is pending or `deadline` passed; then it abandons what is
+// left (an ERROR in the log with how many) and returns. Bounded, so a
+// stream stuck on a client's event that never completes cannot keep the
+// process from exiting. The destructor shuts down with kShutdownWait.
+// Push after Shutdown (the thread gone): the item is completed at once if
+// its work is done (one query), else abandoned; it is never left pending.
+// With own_thread = false nothing polls but Poll() (tests); then Shutdown
+// polls until the deadline and abandons what is left.
 // Push never allocates: the item comes in a one-node list (spliced), made
 // when the chain began. Thread-safe.
 #ifndef TOKENSEL_SERVER_BACKENDS_COMPLETION_QUEUE_H_
 #define TOKENSEL_SERVER_BACKENDS_COMPLETION_QUEUE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -66,38 +90,64 @@ struct CompletionWork {
   bool query_stream = false;  // watched by QueryStream (no event recorded, or it failed)
   bool report = true;         // false: the request answered an error; `done` gets OK
   absl::Status error;         // the first failed query, for the deferred error
+  int failed_queries = 0;     // in a row (reset by a query that succeeds)
+  std::chrono::steady_clock::time_point first_failure;  // of that run
 };
 
 class CompletionQueue {
  public:
+  using Clock = std::chrono::steady_clock;
+  // How long the destructor lets pending items complete.
+  static constexpr std::chrono::milliseconds kShutdownWait{10000};
+  // The failed-query rule (top of this file).
+  static constexpr int kMinFailedQueries = 3;
+  static constexpr std::chrono::milliseconds kFailedQueryLimit{5000};
+
   CompletionQueue(StreamDevice* device, StreamPools pools, bool own_thread = true);
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
-  // Takes the one item of `node` (a list of one).
+  // Takes the one item of `node` (a list of one). After Shutdown: completed
+  // or abandoned at once (top of this file).
   void Push(std::list<CompletionWork>* node);
   // Completes every pending item whose event is done; how many.
   int Poll();
   // Completes `work` now: its stream must have no work queued (drained by
   // the caller). `error` (not OK) replaces the ops' Finish.
   void Complete(CompletionWork& work, const absl::Status& error);
-  void Shutdown();
+  // Stops the queue, waiting for pending items at most until `deadline`
+  // (top of this file). Later calls return at once.
+  void Shutdown(Clock::time_point deadline);
+  void Shutdown() { Shutdown(Clock::now() + kShutdownWait); }
   size_t pending() const;
+  size_t abandoned() const;
+  void set_failed_query_limit(std::chrono::milliseconds limit) { failed_query_limit_ = limit; }
 
  private:
   void Loop();
-  // Whether `work` completed (EventDone, or QueryStream: see the top).
-  bool Ready(CompletionWork& work);
+  // Whether `work` completed (EventDone, or QueryStream: see the top);
+  // sets *give_up when its queries failed for too long (the item is then
+  // abandoned with work.error).
+  bool Ready(CompletionWork& work, bool* give_up);
   // Returns the blocks, event, stream and holds of `work`.
   void Release(CompletionWork& work);
+  // Runs `done` with `error` and leaks the rest (top of this file).
+  void Abandon(CompletionWork& work, const absl::Status& error);
+  // Abandons every pending item (the deadline of Shutdown passed).
+  void AbandonPending();
 
   StreamDevice* const device_;
   const StreamPools pools_;
+  std::chrono::milliseconds failed_query_limit_ = kFailedQueryLimit;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::list<CompletionWork> items_;  // guarded by mu_
   bool stop_ = false;                // guarded by mu_
+  bool closed_ = false;              // guarded by mu_: nothing polls any more
+  Clock::time_point deadline_;       // guarded by mu_: of Shutdown
+  size_t abandoned_ = 0;             // guarded by mu_
+  std::mutex shutdown_mu_;           // one Shutdown at a time
   std::thread thread_;
 };
 

@@ -112,6 +112,8 @@ class CudaBackend final : public core::Backend, private StreamDevice {
                                                                  const core::IpcEvents& events,
                                                                  bool async) override;
   void EndSession(const std::string& session) override;
+  // Shuts the completion queue down with a deadline already passed.
+  void AbandonPendingWork() override;
   absl::Status RunOp(core::OpArgs args) override;
   // The device workspace RunOp(args) may allocate: the op's WorkspaceBytes
   // rounded up to the allocation granule (saturating; 0 for metadata that
@@ -160,6 +162,7 @@ class CudaBackend final : public core::Backend, private StreamDevice {
                            absl::string_view field) override;
   absl::StatusOr<bool> EventDone(Event event) override;
   absl::StatusOr<bool> QueryStream(kernels::cuda::Stream stream) override;
+  void MarkOutOfService(absl::string_view why) override;
   // A failed call on a client's event (client_event_error.h): the request's
   // error, the device marked failed only if a probe of it confirms.
   absl::Status ClientEventFailed(int code, const char* call, absl::string_view field);

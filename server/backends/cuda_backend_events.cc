@@ -1,6 +1,8 @@
 // CudaBackend's CUDA IPC events (contract: cuda_backend.h, stream_chain.h,
 // ipc_event_cache.h): the StreamDevice event calls with the CUDA runtime,
 // and BeginChain. Compiled by the host compiler against cuda_runtime_api.h.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -9,9 +11,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "server/backends/client_event_error.h"
 #include "server/backends/cuda_backend.h"
+#include "server/backends/device_call.h"
 #include "server/backends/stream_chain.h"
 
 namespace tokensel::backends {
@@ -31,6 +35,63 @@ bool IsBadEvent(cudaError_t err) {
          err == cudaErrorNotSupported || err == cudaErrorDeviceUninitialized;
 }
 
+// cuCtxGetCurrent, looked up once through the runtime (as the VMM driver
+// does: no link-time libcuda); null if the driver lacks it.
+PFN_cuCtxGetCurrent_v4000 CtxGetCurrent() {
+  static const PFN_cuCtxGetCurrent_v4000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 4000, cudaEnableDefault, &query) !=
+            cudaSuccess ||
+        query != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(p);
+  }();
+  return fn;
+}
+
+// The runtime's side of the device switch (device_call.h). Without
+// cuCtxGetCurrent the caller is taken to have no context: nothing is
+// restored (never GPU 0's context created by a "restore").
+class RuntimeOps final : public DeviceSwitch {
+ public:
+  bool HasCurrentContext() override {
+    CUcontext ctx = nullptr;
+    const PFN_cuCtxGetCurrent_v4000 get = CtxGetCurrent();
+    return get != nullptr && get(&ctx) == CUDA_SUCCESS && ctx != nullptr;
+  }
+  bool GetDevice(int* device) override { return Ok(cudaGetDevice(device)); }
+  bool SetDevice(int device) override { return Ok(cudaSetDevice(device)); }
+  void RestoreFailed(int device) override {
+    TS_LOG(ERROR) << "cudaSetDevice(" << device << ") restoring the caller's device after an "
+                  << "event call failed";
+  }
+
+ private:
+  static bool Ok(cudaError_t err) {
+    if (err == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;
+  }
+};
+
+// Every event path: the call with this backend's device current, checked,
+// and the caller's device restored after it (device_call.h).
+template <typename F>
+DeviceCall OnOwnDevice(int ordinal, F f) {
+  RuntimeOps ops;
+  return OnDeviceChecked(ops, ordinal, f);
+}
+
+// A failed switch is the server's trouble, never the client's (not
+// classified as a client event's error: device_call.h).
+absl::Status SwitchFailed(int ordinal, absl::string_view where) {
+  return absl::InternalError(
+      absl::StrCat("cuda backend: cudaSetDevice(", ordinal, ") failed for ", where));
+}
+
 }  // namespace
 
 absl::Status CudaBackend::ClientEventFailed(int code, const char* call, absl::string_view field) {
@@ -42,21 +103,26 @@ absl::Status CudaBackend::ClientEventFailed(int code, const char* call, absl::st
   return ClientEventError(field, call, error, IsBadEvent(err), [&]() -> absl::Status {
     // A call on an object of the server's own (client_event_error.h): a
     // dead context answers it with its sticky error, noted by Checked.
-    cudaEvent_t probe = nullptr;
-    cudaError_t perr = cudaEventCreateWithFlags(&probe, cudaEventDisableTiming);
-    if (perr == cudaSuccess) {
-      perr = cudaEventQuery(probe);
-      (void)cudaEventDestroy(probe);
-    }
-    return Checked(perr, "a probe of the device after a client event's error", field);
+    const DeviceCall probe = OnOwnDevice(device_.ordinal, [] {
+      cudaEvent_t event = nullptr;
+      cudaError_t perr = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      if (perr == cudaSuccess) {
+        perr = cudaEventQuery(event);
+        (void)cudaEventDestroy(event);
+      }
+      return perr;
+    });
+    if (!probe.switched) return SwitchFailed(device_.ordinal, field);
+    return Checked(probe.result, "a probe of the device after a client event's error", field);
   });
 }
 
 absl::StatusOr<bool> CudaBackend::QueryStream(kc::Stream stream) {
   // No usability check (as EventDone): a completion must learn the
   // device's fate. Never blocks (a stream may wait on a client's event).
-  (void)cudaSetDevice(device_.ordinal);
-  const cudaError_t err = cudaStreamQuery(stream);
+  const DeviceCall call = OnOwnDevice(device_.ordinal, [&] { return cudaStreamQuery(stream); });
+  if (!call.switched) return SwitchFailed(device_.ordinal, "a request's completion");
+  const auto err = static_cast<cudaError_t>(call.result);
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();
@@ -66,9 +132,21 @@ absl::StatusOr<bool> CudaBackend::QueryStream(kc::Stream stream) {
   return true;
 }
 
+void CudaBackend::MarkOutOfService(absl::string_view why) {
+  // As NoteError for a sticky error: once, logged; never reset.
+  absl::MutexLock lock(&failure_mu_);
+  if (failure_.empty()) {
+    failure_ = std::string(why);
+    TS_LOG(ERROR) << "cuda backend: device " << label_ << " (" << device_.uuid
+                  << ") is out of service: " << failure_
+                  << "; treated as failed until the server restarts (health: NOT_SERVING)";
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
 absl::StatusOr<StreamDevice::Event> CudaBackend::OpenIpcEvent(absl::string_view handle,
                                                               absl::string_view field) {
-  RETURN_IF_ERROR(Activate(field));
+  RETURN_IF_ERROR(CheckUsable());
   cudaIpcEventHandle_t h;
   static_assert(sizeof(h) == core::IpcEvents::kHandleBytes);
   if (handle.size() != sizeof(h)) {
@@ -78,35 +156,52 @@ absl::StatusOr<StreamDevice::Event> CudaBackend::OpenIpcEvent(absl::string_view 
   // already, but the driver gets a private struct either way).
   std::memcpy(&h, handle.data(), sizeof(h));
   cudaEvent_t event = nullptr;
-  const cudaError_t err = cudaIpcOpenEventHandle(&event, h);
+  const DeviceCall call =
+      OnOwnDevice(device_.ordinal, [&] { return cudaIpcOpenEventHandle(&event, h); });
+  if (!call.switched) return SwitchFailed(device_.ordinal, field);
+  const auto err = static_cast<cudaError_t>(call.result);
   if (err == cudaSuccess) return static_cast<Event>(event);
   return ClientEventFailed(err, "cudaIpcOpenEventHandle", field);
 }
 
 absl::StatusOr<StreamDevice::Event> CudaBackend::CreateEvent() {
-  RETURN_IF_ERROR(Activate("a completion event"));
+  RETURN_IF_ERROR(CheckUsable());
   cudaEvent_t event = nullptr;
-  RETURN_IF_ERROR(Checked(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                          "cudaEventCreateWithFlags", "a completion event"));
+  const DeviceCall call = OnOwnDevice(
+      device_.ordinal, [&] { return cudaEventCreateWithFlags(&event, cudaEventDisableTiming); });
+  if (!call.switched) return SwitchFailed(device_.ordinal, "a completion event");
+  RETURN_IF_ERROR(Checked(call.result, "cudaEventCreateWithFlags", "a completion event"));
   return static_cast<Event>(event);
 }
 
 void CudaBackend::DestroyEvent(Event event) {
   // Legal with a record still pending: the driver frees it once complete.
-  (void)cudaSetDevice(device_.ordinal);
-  (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  // A failed switch leaks the event (logged): destroying it with another
+  // device current could not be trusted either.
+  const DeviceCall call = OnOwnDevice(
+      device_.ordinal, [&] { return cudaEventDestroy(static_cast<cudaEvent_t>(event)); });
+  if (!call.switched) {
+    TS_LOG(ERROR) << SwitchFailed(device_.ordinal, "cudaEventDestroy");
+  }
 }
 
 absl::Status CudaBackend::WaitEvent(kc::Stream stream, Event event, absl::string_view field) {
-  RETURN_IF_ERROR(Activate(field));
-  const cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0);
+  RETURN_IF_ERROR(CheckUsable());
+  const DeviceCall call = OnOwnDevice(device_.ordinal, [&] {
+    return cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0);
+  });
+  if (!call.switched) return SwitchFailed(device_.ordinal, field);
+  const auto err = static_cast<cudaError_t>(call.result);
   if (err == cudaSuccess) return absl::OkStatus();
   return ClientEventFailed(err, "cudaStreamWaitEvent", field);
 }
 
 absl::Status CudaBackend::RecordEvent(Event event, kc::Stream stream, absl::string_view field) {
-  RETURN_IF_ERROR(Activate(field));
-  const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(event), stream);
+  RETURN_IF_ERROR(CheckUsable());
+  const DeviceCall call = OnOwnDevice(
+      device_.ordinal, [&] { return cudaEventRecord(static_cast<cudaEvent_t>(event), stream); });
+  if (!call.switched) return SwitchFailed(device_.ordinal, field);
+  const auto err = static_cast<cudaError_t>(call.result);
   if (err == cudaSuccess) return absl::OkStatus();
   // The server's own events (the completion event, the wait's marker):
   // classified as any call. The client's (record_event): an event of
@@ -119,8 +214,10 @@ absl::Status CudaBackend::RecordEvent(Event event, kc::Stream stream, absl::stri
 absl::StatusOr<bool> CudaBackend::EventDone(Event event) {
   // No usability check: a completion must learn the device's fate (the
   // query then reports the sticky error, and the queue drains the stream).
-  (void)cudaSetDevice(device_.ordinal);
-  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  const DeviceCall call =
+      OnOwnDevice(device_.ordinal, [&] { return cudaEventQuery(static_cast<cudaEvent_t>(event)); });
+  if (!call.switched) return SwitchFailed(device_.ordinal, "a request's completion");
+  const auto err = static_cast<cudaError_t>(call.result);
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();
@@ -144,10 +241,13 @@ absl::StatusOr<std::unique_ptr<core::RequestChain>> CudaBackend::BeginChain(
   ASSIGN_OR_RETURN(
       std::unique_ptr<StreamChain> chain,
       StreamChain::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_},
-                         &completions_, std::move(wait), std::move(record), async));
+                         &completions_, std::move(wait), std::move(record), async,
+                         absl::StrCat(label_, " (", device_.uuid, ")")));
   return std::unique_ptr<core::RequestChain>(std::move(chain));
 }
 
 void CudaBackend::EndSession(const std::string& session) { events_.EndSession(session); }
+
+void CudaBackend::AbandonPendingWork() { completions_.Shutdown(CompletionQueue::Clock::now()); }
 
 }  // namespace tokensel::backends

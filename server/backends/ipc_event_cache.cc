@@ -1,8 +1,6 @@
 // IpcEventCache (contract: ipc_event_cache.h).
 #include "server/backends/ipc_event_cache.h"
 
-#include <iterator>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/core/backend.h"
@@ -20,6 +18,8 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
   const std::string key(handle);
   std::shared_ptr<IpcEvent> dropped;  // destroyed after the lock is released
   tokensel::MutexLock lock(&mu_);
+  // Only this session's entries: an event another session opened for the
+  // same bytes is never handed out here (ipc_event_cache.h).
   if (auto s = sessions_.find(session); s != sessions_.end()) {
     Lru& lru = s->second;
     for (auto it = lru.begin(); it != lru.end(); ++it) {
@@ -29,18 +29,10 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
       }
     }
   }
-  // Expired entries (events no session or request holds) are forgotten
-  // once they could outnumber the live ones: the table stays bounded.
-  if (open_.size() > 2 * per_session_ * sessions_.size() + 64) PruneLocked();
-  std::shared_ptr<IpcEvent> event;
-  if (auto o = open_.find(key); o != open_.end()) event = o->second.lock();
-  if (event == nullptr) {
-    // Nothing is added (no table entry, no session) if the open fails.
-    ASSIGN_OR_RETURN(const StreamDevice::Event opened, device_->OpenIpcEvent(handle, field));
-    event = std::make_shared<IpcEvent>(device_, opened);
-    open_[key] = event;
-    ++opens_;
-  }
+  // Nothing is added (no entry, no session) if the open fails.
+  ASSIGN_OR_RETURN(const StreamDevice::Event opened, device_->OpenIpcEvent(handle, field));
+  auto event = std::make_shared<IpcEvent>(device_, opened);
+  ++opens_;
   Lru& lru = sessions_[session];
   lru.emplace_front(key, event);
   if (lru.size() > per_session_) {
@@ -53,29 +45,12 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
 }
 
 void IpcEventCache::EndSession(const std::string& session) {
-  {
-    Lru dropped;  // destroyed (the events released) after the lock is released
-    tokensel::MutexLock lock(&mu_);
-    auto it = sessions_.find(session);
-    if (it == sessions_.end()) return;
-    dropped.swap(it->second);
-    sessions_.erase(it);
-  }
-  // Then the entries of the events that went are forgotten (pruning before
-  // the release found them still alive).
+  Lru dropped;  // destroyed (the events released) after the lock is released
   tokensel::MutexLock lock(&mu_);
-  PruneLocked();
-}
-
-size_t IpcEventCache::tracked() const {
-  tokensel::MutexLock lock(&mu_);
-  return open_.size();
-}
-
-void IpcEventCache::PruneLocked() {
-  for (auto o = open_.begin(); o != open_.end();) {
-    o = o->second.expired() ? open_.erase(o) : std::next(o);
-  }
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  dropped.swap(it->second);
+  sessions_.erase(it);
 }
 
 size_t IpcEventCache::cached(const std::string& session) const {

@@ -7,13 +7,22 @@
 // more drops the session's least recently used (LRU, not an error: a client
 // cycling through many events is served, it only pays the opens again).
 // EndSession drops all of the session's. A dropped event is destroyed when
-// the last request still using it lets go (IpcEvent is shared): a chain
-// holds its events until its Commit enqueued the record, and
-// cudaEventDestroy of an event whose record is still pending is legal (the
-// driver releases it once the record completes).
-// The same handle in several sessions is opened once while any holds it
-// (the mapper does the same for memory handles: the driver may refuse a
-// second open of one handle in a process).
+// the last request still using it lets go (IpcEvent is shared with the
+// chain and the queued work item): cudaEventDestroy of an event whose
+// record is still pending is legal (the driver releases it once the record
+// completes).
+// Keyed by (session, handle): each session opens its own cudaEvent_t for a
+// handle, even one another session named too. One session can therefore
+// never use, destroy (by its end or its LRU) or observe (a cache hit, the
+// open count) an event another session opened: what a session reaches is
+// only what the driver opened for it, from its own bytes. The CUDA
+// documentation states no limit on opening one event handle more than once
+// in a process (each open returns an event that "behaves like a locally
+// created event", destroyed with cudaEventDestroy); if a driver refused the
+// second open, that session's request fails (classified as any error of a
+// client's event: the device is marked failed only if the probe confirms)
+// and other sessions are unaffected. The cost is one open per session and
+// handle (at most `per_session` per session are kept).
 //
 // Trust (as server/memory/cuda_ipc_mapper.h for memory handles): the handle
 // is a capability. The server cannot tell which process exported it (the 64
@@ -76,12 +85,8 @@ class IpcEventCache {
 
   size_t cached(const std::string& session) const;
   size_t opens() const;  // OpenIpcEvent calls that succeeded so far
-  // Handles in the open table (live or expired, not yet forgotten).
-  size_t tracked() const;
 
  private:
-  // Forgets the handles whose event is gone.
-  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Most recently used first.
   using Lru = std::list<std::pair<std::string, std::shared_ptr<IpcEvent>>>;
 
@@ -89,7 +94,6 @@ class IpcEventCache {
   const size_t per_session_;
   mutable tokensel::Mutex mu_;
   std::map<std::string, Lru> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::weak_ptr<IpcEvent>> open_ ABSL_GUARDED_BY(mu_);  // by handle
   size_t opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -22,7 +22,7 @@ StreamChain::StreamChain(StreamDevice* device, StreamPools pools, CompletionQueu
 
 absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
     StreamDevice* device, StreamPools pools, CompletionQueue* queue, std::shared_ptr<IpcEvent> wait,
-    std::shared_ptr<IpcEvent> record, bool async) {
+    std::shared_ptr<IpcEvent> record, bool async, absl::string_view device_name) {
   std::unique_ptr<StreamChain> chain(new StreamChain(device, pools, queue, async));
   chain->wait_ = std::move(wait);
   chain->record_ = std::move(record);
@@ -42,8 +42,22 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
   }
   w.stream = *stream;
   // From here the chain owns the stream and the event (its destructor
-  // returns them). The wait comes first on the stream: every staging copy,
-  // fill and kernel of the request is ordered after the client's work.
+  // returns them). The record_event check (stream_chain.h), before the
+  // wait unless the two are one event (then right after it).
+  const bool one_event = chain->record_ != nullptr && chain->record_ == chain->wait_;
+  auto check_record = [&]() -> absl::Status {
+    if (chain->record_ == nullptr) return absl::OkStatus();
+    absl::Status st = device->RecordEvent(chain->record_->get(), w.stream, "record_event");
+    if (st.ok() || st.code() == absl::StatusCode::kUnavailable) return st;  // device failed
+    return absl::FailedPreconditionError(absl::StrCat(
+        "record_event cannot be recorded on ", device_name,
+        ", the device of this request's buffers (an event created on another device, or "
+        "destroyed?); nothing ran: ",
+        st.message()));
+  };
+  if (!one_event) RETURN_IF_ERROR(check_record());
+  // The wait comes first on the stream: every staging copy, fill and kernel
+  // of the request is ordered after the client's work.
   if (chain->wait_ != nullptr) {
     // No pool frees while the stream may wait (block_pool.h, FreeGate):
     // entered before the wait is queued, left when the stream is released.
@@ -52,6 +66,7 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
       w.gate = pools.gate;
     }
     RETURN_IF_ERROR(device->WaitEvent(w.stream, chain->wait_->get(), "wait_event"));
+    if (one_event) RETURN_IF_ERROR(check_record());
     // Sync: the marker AwaitWait polls (stream_chain.h: not the client's
     // event, which the client may record again meanwhile).
     if (!async) RETURN_IF_ERROR(device->RecordEvent(w.done_event, w.stream, "the wait's marker"));

@@ -4,10 +4,11 @@
 //
 // One stream (from the device's pool) for every op of the Execute:
 //   Begin:   the private completion event is created first (so that the
-//            hand-off below cannot fail for want of one); then the stream
-//            waits on the client's wait_event (WaitEvent), before any op
-//            stages anything; a sync chain then records its private event
-//            right after the wait (the wait's marker, below);
+//            hand-off below cannot fail for want of one); then the client's
+//            record_event is checked (below); then the stream waits on the
+//            client's wait_event (WaitEvent), before any op stages
+//            anything; a sync chain then records its private event right
+//            after the wait (the wait's marker, below);
 //   BeginOp: a StreamLease on that stream (StreamLease::OnChain);
 //   Commit:  the client's record_event is recorded on the stream after the
 //            last op; then
@@ -34,6 +35,28 @@
 // stream captured the previous one; the marker is the server's own and is
 // recorded behind exactly the wait the stream holds. The host waits at
 // most kMaxHostWait (60 s) even when the call has no deadline.
+// The record_event check: an event the driver will not record on this
+// device (an event created on another device, or one the client
+// destroyed) would otherwise fail only at Commit, after every op was
+// launched (writing the outputs the client never learns are ready). CUDA
+// has no query for an event's device, so Begin records the client's
+// record_event once on the chain's stream BEFORE its wait (the stream is
+// idle: the record completes at once): the driver accepts or refuses it
+// there, before anything of the request runs. A refusal (the client's
+// code, or another code the device probe does not confirm) is
+// FAILED_PRECONDITION naming record_event and this device; nothing ran.
+// Why before the wait: behind it, the check's record would stay pending as
+// long as the client's wait_event (for ever on a request abandoned at its
+// deadline), and a client waiting on record_event after such an error
+// would hang. Harmless for the client: until Commit's record (after the
+// ops) the event is not the request's to wait on (a wait taken before the
+// reply may see any earlier record); the event shows complete, as an event
+// the server never recorded does. Except when record_event IS the
+// wait_event (one event, ping-pong): recorded before the wait, the check
+// would replace the record the wait must capture (the stream would not
+// wait for the client's work), so then the check comes right after the
+// wait (the wait succeeded there, so the device accepts the event; a
+// record can still fail, and then only behind the wait).
 // A chain destroyed without Commit (the request failed before it got
 // there, an exception included) drains its stream if that is safe (above),
 // or else hands it to the queue, and returns everything, calling no `done`.
@@ -50,6 +73,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/backends/completion_queue.h"
 #include "server/backends/ipc_event_cache.h"
 #include "server/backends/stream_lease.h"
@@ -64,7 +88,8 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
                                                             CompletionQueue* queue,
                                                             std::shared_ptr<IpcEvent> wait,
                                                             std::shared_ptr<IpcEvent> record,
-                                                            bool async);
+                                                            bool async,
+                                                            absl::string_view device_name);
   ~StreamChain() override;
 
   bool async() const override { return async_; }

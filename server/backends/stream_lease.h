@@ -103,6 +103,12 @@ class StreamDevice {
   // host synchronization of it could block for ever); an error once the
   // device reports one.
   virtual absl::StatusOr<bool> QueryStream(Stream stream) = 0;
+  // Marks the device out of service for good (as a sticky error does:
+  // CheckUsable then answers UNAVAILABLE, health goes NOT_SERVING), with
+  // `why` in the log and the later errors. Used when the device keeps
+  // failing without a sticky error (CompletionQueue: a query that never
+  // succeeds again).
+  virtual void MarkOutOfService(absl::string_view why) = 0;
 
   // Events (CUDA IPC events of Execute; stream_chain.h).
   using Event = void*;  // cudaEvent_t

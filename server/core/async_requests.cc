@@ -14,7 +14,10 @@ constexpr absl::Duration kWaitPoll = absl::Milliseconds(5);
 }  // namespace
 
 AsyncRequests::Ticket::Ticket(Ticket&& other) noexcept
-    : owner_(other.owner_), session_(std::move(other.session_)), number_(other.number_) {
+    : owner_(other.owner_),
+      session_(std::move(other.session_)),
+      number_(other.number_),
+      stuck_(other.stuck_) {
   other.owner_ = nullptr;
 }
 
@@ -24,6 +27,7 @@ AsyncRequests::Ticket& AsyncRequests::Ticket::operator=(Ticket&& other) noexcept
     owner_ = other.owner_;
     session_ = std::move(other.session_);
     number_ = other.number_;
+    stuck_ = other.stuck_;
     other.owner_ = nullptr;
   }
   return *this;
@@ -35,14 +39,35 @@ void AsyncRequests::Ticket::Complete(const absl::Status& status) {
   if (owner_ == nullptr) return;
   AsyncRequests* const owner = owner_;
   owner_ = nullptr;
-  owner->Complete(session_, number_, status);
+  owner->Complete(session_, number_, stuck_, status);
+}
+
+void AsyncRequests::Ticket::Abandon() {
+  if (owner_ == nullptr || stuck_) return;
+  stuck_ = true;
+  owner_->Abandon(session_);
 }
 
 AsyncRequests::~AsyncRequests() { WaitAll(absl::InfiniteDuration()); }
 
-absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& session) {
+absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& session,
+                                                           bool may_stick) {
   tokensel::MutexLock lock(&mu_);
   Session& s = sessions_[session];
+  // Before the admission caps: a session whose events never complete is
+  // refused here, by its own count, and its stuck requests no longer take
+  // admission from anyone (async_requests.h).
+  if (may_stick && (s.stuck >= limits_.stuck_per_session || stuck_ >= limits_.stuck_total)) {
+    ++rejected_;
+    if (metrics_ != nullptr) metrics_->CountRefusedEventExecute();
+    const bool mine = s.stuck >= limits_.stuck_per_session;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "CUDA IPC events: ", mine ? s.stuck : stuck_,
+        " Executes abandoned while waiting on a wait_event that has not completed ",
+        mine ? "in this session" : "in the server", ", the limit is ",
+        mine ? limits_.stuck_per_session : limits_.stuck_total,
+        "; complete (record) those events before sending more Executes with a wait_event"));
+  }
   if (s.inflight >= limits_.per_session || inflight_ >= limits_.total) {
     ++rejected_;
     if (metrics_ != nullptr) metrics_->CountRefusedEventExecute();
@@ -57,18 +82,29 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
   }
   ++s.inflight;
   ++inflight_;
-  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_);
+  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_ + stuck_);
   return Ticket(this, session, ++s.admitted);
 }
 
-void AsyncRequests::Complete(const std::string& session, uint64_t number,
-                             const absl::Status& status) {
+void AsyncRequests::Abandon(const std::string& session) {
   tokensel::MutexLock lock(&mu_);
   --inflight_;
-  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_);
+  ++stuck_;
+  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_ + stuck_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;  // unreachable: a session with a ticket stays
   --it->second.inflight;
+  ++it->second.stuck;
+}
+
+void AsyncRequests::Complete(const std::string& session, uint64_t number, bool stuck,
+                             const absl::Status& status) {
+  tokensel::MutexLock lock(&mu_);
+  --(stuck ? stuck_ : inflight_);
+  if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_ + stuck_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;  // unreachable: a session with a ticket stays
+  --(stuck ? it->second.stuck : it->second.inflight);
   if (!status.ok()) {
     if (it->second.deferred.ok() && !it->second.ended) {
       it->second.deferred =
@@ -82,7 +118,7 @@ void AsyncRequests::Complete(const std::string& session, uint64_t number,
 }
 
 void AsyncRequests::MaybeErase(std::map<std::string, Session>::iterator it) {
-  if (it->second.ended && it->second.inflight == 0) sessions_.erase(it);
+  if (it->second.ended && it->second.inflight == 0 && it->second.stuck == 0) sessions_.erase(it);
 }
 
 absl::Status AsyncRequests::TakeDeferred(const std::string& session) {
@@ -97,7 +133,7 @@ absl::Status AsyncRequests::WaitSession(const std::string& session,
   tokensel::MutexLock lock(&mu_);
   auto idle = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     auto it = sessions_.find(session);
-    return it == sessions_.end() || it->second.inflight == 0;
+    return it == sessions_.end() || (it->second.inflight == 0 && it->second.stuck == 0);
   };
   while (!mu_.AwaitWithTimeout(idle, kWaitPoll)) {
     if (check) {
@@ -112,7 +148,7 @@ absl::Status AsyncRequests::WaitSession(const std::string& session,
 
 bool AsyncRequests::WaitAll(absl::Duration timeout) {
   tokensel::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return inflight_ == 0; };
+  auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return inflight_ == 0 && stuck_ == 0; };
   return mu_.AwaitWithTimeout(idle, timeout);
 }
 
@@ -134,6 +170,17 @@ uint32_t AsyncRequests::inflight(const std::string& session) const {
   tokensel::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   return it == sessions_.end() ? 0 : it->second.inflight;
+}
+
+uint32_t AsyncRequests::stuck() const {
+  tokensel::MutexLock lock(&mu_);
+  return stuck_;
+}
+
+uint32_t AsyncRequests::stuck(const std::string& session) const {
+  tokensel::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  return it == sessions_.end() ? 0 : it->second.stuck;
 }
 
 uint64_t AsyncRequests::rejected() const {

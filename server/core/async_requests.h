@@ -21,7 +21,22 @@
 // is the ticket's). Later errors while one is kept are dropped (counted in
 // dropped_errors()): the first one names the request the client must redo.
 //
-// WaitSession / WaitAll block until nothing is in flight (for the session /
+// Abandoned requests (Ticket::Abandon): a sync Execute whose host wait on
+// the client's wait_event ended (its deadline, the server's maximum wait)
+// leaves its stream waiting on that event until the event completes, which
+// a client may never let happen. Such a request stops counting against the
+// admission caps above (per_session, total: those are for requests that
+// will complete) and counts as *stuck* instead, under caps of its own:
+// stuck_per_session (4) and stuck_total (64). Admit of a request that may
+// be left stuck (it has a wait_event: `may_stick`) is RESOURCE_EXHAUSTED
+// when its session already has stuck_per_session stuck requests, or the
+// server stuck_total. So one session's events that never complete can pin
+// at most stuck_per_session streams and cannot take the server-wide
+// admission (or the stuck cap: stuck_per_session < stuck_total) from other
+// sessions; requests without a wait_event are never refused for stuck ones.
+// A stuck request completes (its ticket) when its event finally completes.
+//
+// WaitSession / WaitAll block until nothing is in flight or stuck (for the session /
 // anywhere), polling `check` (a stop token) every few milliseconds: its
 // error ends the wait. EndSession forgets the session's deferred error; its
 // requests still in flight complete normally (they hold what they use).
@@ -46,8 +61,10 @@ namespace tokensel::core {
 class ServiceMetrics;
 
 struct AsyncLimits {
-  uint32_t per_session = 16;  // async Executes in flight per session
-  uint32_t total = 256;       // ... in the whole server
+  uint32_t per_session = 16;       // async Executes in flight per session
+  uint32_t total = 256;            // ... in the whole server
+  uint32_t stuck_per_session = 4;  // abandoned on a client's wait_event, per session
+  uint32_t stuck_total = 64;       // ... in the whole server
 };
 
 class AsyncRequests {
@@ -63,6 +80,10 @@ class AsyncRequests {
     // The request's device work is done; `status` is its deferred error
     // (OK when none). Once; later calls do nothing.
     void Complete(const absl::Status& status);
+    // The request was abandoned while its stream may still wait on the
+    // client's event: from now on it counts as stuck, not in flight (top
+    // of this file). Once; after Complete it does nothing.
+    void Abandon();
     uint64_t number() const { return number_; }
 
    private:
@@ -72,6 +93,7 @@ class AsyncRequests {
     AsyncRequests* owner_ = nullptr;
     std::string session_;
     uint64_t number_ = 0;
+    bool stuck_ = false;
   };
 
   // `metrics` (may be null): tokensel_event_executes and the refusals.
@@ -79,7 +101,9 @@ class AsyncRequests {
       : limits_(limits), metrics_(metrics) {}
   ~AsyncRequests();  // waits for every ticket (none may outlive this)
 
-  absl::StatusOr<Ticket> Admit(const std::string& session);
+  // `may_stick`: the request has a wait_event (it may be abandoned and
+  // left stuck); then the stuck caps apply too.
+  absl::StatusOr<Ticket> Admit(const std::string& session, bool may_stick = false);
   absl::Status TakeDeferred(const std::string& session);
   absl::Status WaitSession(const std::string& session, const std::function<absl::Status()>& check);
   bool WaitAll(absl::Duration timeout);
@@ -88,17 +112,23 @@ class AsyncRequests {
   const AsyncLimits& limits() const { return limits_; }
   uint32_t inflight() const;
   uint32_t inflight(const std::string& session) const;
+  // Abandoned requests whose event has not completed yet.
+  uint32_t stuck() const;
+  uint32_t stuck(const std::string& session) const;
   uint64_t rejected() const;
   uint64_t dropped_errors() const;
 
  private:
   struct Session {
     uint32_t inflight = 0;
+    uint32_t stuck = 0;
     uint64_t admitted = 0;  // numbers the async Executes
     absl::Status deferred;
     bool ended = false;
   };
-  void Complete(const std::string& session, uint64_t number, const absl::Status& status);
+  void Complete(const std::string& session, uint64_t number, bool stuck,
+                const absl::Status& status);
+  void Abandon(const std::string& session);
   // Erases an ended, idle, error-free session. Requires mu_.
   void MaybeErase(std::map<std::string, Session>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -107,6 +137,7 @@ class AsyncRequests {
   mutable tokensel::Mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint32_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t stuck_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -264,6 +264,12 @@ class Backend {
                                                                    bool async);
   // The session ended: drop what the backend keeps for it (its events).
   virtual void EndSession(const std::string& /*session*/) {}
+  // Shutdown after its grace (server/app/server.cc): stop waiting for the
+  // device work of requests that have not completed (streams stuck on
+  // client events). Each such request's completion runs now (its ticket
+  // completes) and what its work may still use is leaked; the backend's
+  // completion thread ends, so the process can exit. Nothing is destroyed.
+  virtual void AbandonPendingWork() {}
 
   // Memory for inline tensors, accessible to Run: aligned host memory on the
   // CPU, device memory on CUDA. Copies are synchronous. A direct API (tests,

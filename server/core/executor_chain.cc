@@ -62,7 +62,7 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   // Counted (and capped) too: a sync request that waits on a client event,
   // which may leave its stream behind waiting (RequestChain::AwaitWait).
   if (options.async != nullptr && (async || !events.wait.empty())) {
-    ASSIGN_OR_RETURN(held->ticket, options.async->Admit(session));
+    ASSIGN_OR_RETURN(held->ticket, options.async->Admit(session, !events.wait.empty()));
   }
   Backend& backend = route.backend();
   held->route.emplace(std::move(route));
@@ -78,6 +78,11 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     // Sync: the host waits for the client's event first, within the call's
     // deadline (Finish's synchronization could not be interrupted).
     status = chain->AwaitWait(options.stop);
+    // Abandoned (sync, the client's event not seen complete): the stream is
+    // left waiting on it, maybe for ever. The request stops taking
+    // admission from others and counts as stuck, under its own caps
+    // (async_requests.h), until the event completes.
+    if (!status.ok() && held->ticket.has_value()) held->ticket->Abandon();
     for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
       const std::string label = absl::StrCat("ops[", i, "] (", OpName(ops[i]), ")");
       absl::StatusOr<std::unique_ptr<RequestLease>> lease = chain->BeginOp(label);

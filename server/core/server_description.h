@@ -35,6 +35,8 @@ struct ServerDescription {
   bool ipc_events = false;                // Execute's wait_event / record_event are served
   uint32_t max_async_executes_per_session = 0;
   uint32_t max_async_executes = 0;
+  uint32_t max_stuck_executes_per_session = 0;  // async_requests.h: stuck
+  uint32_t max_stuck_executes = 0;
 };
 
 }  // namespace tokensel::core

@@ -334,6 +334,8 @@ void ServerInfoToProto(const core::ServerDescription& desc, v1::ServerInfo* out)
   limits->set_memory_budget_bytes(desc.memory_budget_bytes);
   limits->set_max_async_executes_per_session(desc.max_async_executes_per_session);
   limits->set_max_async_executes(desc.max_async_executes);
+  limits->set_max_stuck_executes_per_session(desc.max_stuck_executes_per_session);
+  limits->set_max_stuck_executes(desc.max_stuck_executes);
   out->set_shm_prefix(desc.shm_prefix);
   for (const std::string& kind : desc.memory_kinds) out->add_memory_kinds(kind);
   out->set_fd_channel(desc.fd_channel);

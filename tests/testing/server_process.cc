@@ -79,8 +79,13 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(ServerOption
   }
   server->shm_prefix_ = options.shm_prefix.empty() ? DefaultShmPrefix() : options.shm_prefix;
 
-  std::vector<std::string> argv = {TOKENSEL_SERVER_BINARY,
-                                   absl::StrCat("--listen=", server->unix_target_)};
+  std::vector<std::string> argv;
+  if (!options.env.empty()) {  // env execs the server: same process, same pid
+    argv.push_back("/usr/bin/env");
+    for (const std::string& var : options.env) argv.push_back(var);
+  }
+  argv.push_back(TOKENSEL_SERVER_BINARY);
+  argv.push_back(absl::StrCat("--listen=", server->unix_target_));
   if (options.tcp) argv.push_back("--listen=127.0.0.1:0");
   if (options.tcp && options.insecure_tcp) argv.push_back("--insecure_tcp");
   argv.push_back(absl::StrCat("--metrics_address=", options.metrics ? "127.0.0.1:0" : ""));

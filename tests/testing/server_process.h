@@ -71,6 +71,9 @@ struct ServerOptions {
   absl::Duration startup_timeout = absl::Seconds(30);
   // RLIMIT_NOFILE (soft = hard) set in the child before exec; nullopt = inherit.
   std::optional<uint64_t> rlimit_nofile;
+  // "NAME=value" set in the server's environment (run through /usr/bin/env),
+  // e.g. CUDA_VISIBLE_DEVICES; empty = the test's environment as is.
+  std::vector<std::string> env;
 };
 
 class ServerProcess {

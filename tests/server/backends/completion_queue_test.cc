@@ -38,6 +38,7 @@ class ThreadSafeDevice final : public StreamDevice {
   absl::Status Drain(Stream, absl::Status status) override { return status; }
   absl::Status CheckUsable() const override { return {}; }
   absl::StatusOr<bool> QueryStream(Stream) override { return false; }
+  void MarkOutOfService(absl::string_view) override { ++marked_out_of_service; }
   absl::StatusOr<Event> OpenIpcEvent(absl::string_view, absl::string_view) override {
     return absl::UnimplementedError("");
   }
@@ -58,6 +59,7 @@ class ThreadSafeDevice final : public StreamDevice {
   std::atomic<int> finishes{0};
   std::atomic<int> streams_released{0};
   std::atomic<int> events_destroyed{0};
+  std::atomic<int> marked_out_of_service{0};
 
  private:
   std::mutex mu_;
@@ -131,6 +133,66 @@ TEST(CompletionQueueTest, ShutdownWaitsForThePendingItems) {
   EXPECT_EQ(done_calls->load(), 1);
   EXPECT_EQ(pools.InUse(), 0u);
   device_thread.join();
+}
+
+// A stream stuck on a client's event that never completes: Shutdown gives
+// up at its deadline instead of joining for ever (the process must be able
+// to exit), completes the item's ticket and leaks what its device work may
+// still use (nothing returned to a pool).
+TEST(CompletionQueueTest, ShutdownGivesUpOnAStuckItemAtItsDeadline) {
+  ThreadSafeDevice device;
+  LeasePools pools(64 << 10, 4 << 20);
+  auto done_calls = std::make_shared<std::atomic<int>>(0);
+  auto deferred = std::make_shared<absl::Status>();
+  auto* const never = reinterpret_cast<StreamDevice::Event>(0x3);
+  CompletionQueue queue(&device, pools.pools());
+  std::list<CompletionWork> node = Item(pools, never, done_calls, deferred);
+  queue.Push(&node);
+  std::atomic<bool> returned{false};
+  std::thread stopper([&] {
+    queue.Shutdown(CompletionQueue::Clock::now() + std::chrono::milliseconds(50));
+    returned = true;
+  });
+  const bool bounded = Eventually([&] { return returned.load(); });
+  if (!bounded) device.Complete(never);  // let the old code's join end
+  stopper.join();
+  ASSERT_TRUE(bounded) << "Shutdown waited past its deadline for an item that never completes";
+  EXPECT_EQ(done_calls->load(), 1) << "the ticket is completed";
+  EXPECT_EQ(deferred->code(), absl::StatusCode::kUnavailable) << *deferred;
+  EXPECT_EQ(queue.abandoned(), 1u);
+  EXPECT_EQ(queue.pending(), 0u);
+  EXPECT_EQ(pools.InUse(), 1u) << "the workspace is leaked, not back in the pool";
+  EXPECT_EQ(device.streams_released.load(), 0) << "the stream is leaked";
+  EXPECT_EQ(device.finishes.load(), 0) << "no Finish of work that may not have run";
+}
+
+// After Shutdown nothing polls: an item pushed then is completed at once if
+// its work is done, else abandoned with its ticket completed; never left
+// pending (which would leak its ticket and hang whoever waits on it).
+TEST(CompletionQueueTest, APushAfterShutdownIsNeverLeftPending) {
+  ThreadSafeDevice device;
+  LeasePools pools(64 << 10, 4 << 20);
+  CompletionQueue queue(&device, pools.pools());
+  queue.Shutdown();
+  auto done_calls = std::make_shared<std::atomic<int>>(0);
+  auto deferred = std::make_shared<absl::Status>();
+  auto* const done_event = reinterpret_cast<StreamDevice::Event>(0x4);
+  device.Complete(done_event);
+  std::list<CompletionWork> node = Item(pools, done_event, done_calls, deferred);
+  queue.Push(&node);
+  EXPECT_EQ(done_calls->load(), 1) << "completed during Push";
+  EXPECT_EQ(deferred->message(), "ops[0] (SortTokens): bad ids");
+  EXPECT_EQ(pools.InUse(), 0u);
+  EXPECT_EQ(device.streams_released.load(), 1);
+
+  auto* const never = reinterpret_cast<StreamDevice::Event>(0x5);
+  std::list<CompletionWork> stuck = Item(pools, never, done_calls, deferred);
+  queue.Push(&stuck);
+  EXPECT_EQ(done_calls->load(), 2) << "abandoned during Push, its ticket completed";
+  EXPECT_EQ(deferred->code(), absl::StatusCode::kUnavailable) << *deferred;
+  EXPECT_EQ(queue.abandoned(), 1u);
+  EXPECT_EQ(queue.pending(), 0u);
+  EXPECT_EQ(pools.InUse(), 1u) << "its workspace leaked: its work may still run";
 }
 
 }  // namespace

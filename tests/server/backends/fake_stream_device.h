@@ -135,6 +135,10 @@ class FakeStreamDevice final : public StreamDevice {
   absl::Status CheckUsable() const override {
     return usable ? absl::OkStatus() : absl::UnavailableError("fake device out of service");
   }
+  void MarkOutOfService(absl::string_view why) override {
+    usable = false;
+    out_of_service_why = std::string(why);
+  }
 
   // Events.
   using Record = std::shared_ptr<bool>;  // one record of an event: done?
@@ -261,6 +265,7 @@ class FakeStreamDevice final : public StreamDevice {
   bool throw_in_release_stream = false;
   bool fail_finish_before_sync = false;
   bool usable = true;
+  std::string out_of_service_why;  // MarkOutOfService
   uint64_t workspace_bytes = 256;
   absl::Status kernel_status;
   size_t free_streams() const { return free_.size(); }

@@ -40,8 +40,9 @@ TEST_F(ChainTest, AHostErrorInALaterOpIsReturnedAndTheLaunchedOpsStillComplete) 
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(r.status().message(), HasSubstr("ops[1] (GatherTokens): "));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log, ::testing::ElementsAre(Call{"wait", s}, Call{"kernel", s},
-                                                  Call{"record", s}, Call{"complete", s}))
+  EXPECT_THAT(device_.log,
+              ::testing::ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"kernel", s},
+                                     Call{"record", s}, Call{"complete", s}))
       << "the event is recorded after what did run; the reply did not wait";
   EXPECT_EQ(backend_.queue().pending(), 1u);
   device_.Progress(s);
@@ -74,8 +75,8 @@ TEST_F(ChainTest, ACompletionEventThatCannotBeRecordedIsReplacedByQueryingTheStr
   EXPECT_THAT(Execute({Gather("acts", "idx", "out")}, Handle('p'), Handle('r')).status(),
               StatusIs(StatusCode::kInternal, "injected private record failure"));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log,
-              ::testing::ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"record", s}));
+  EXPECT_THAT(device_.log, ::testing::ElementsAre(Call{"record", s}, Call{"wait", s},
+                                                  Call{"kernel", s}, Call{"record", s}));
   EXPECT_EQ(backend_.queue().Poll(), 0);
   EXPECT_GT(device_.stream_queries, 0);
   EXPECT_EQ(pools_.InUse(), 1u) << "the workspace is held while the kernel may run";
@@ -129,6 +130,33 @@ TEST_F(ChainTest, AFailedStreamQueryCompletesOnlyOnceTheDeviceIsOutOfService) {
   EXPECT_EQ(backend_.queue().Poll(), 1);
   EXPECT_EQ(async_.TakeDeferred("s").code(), StatusCode::kInternal);
   EXPECT_EQ(pools_.InUse(), 0u);
+}
+
+// A query that keeps failing while the device claims to be usable is not
+// asked for ever (the item and its ticket would stay pending for good):
+// after kMinFailedQueries failures in a row spanning the limit (0 here),
+// the device is marked out of service and the item abandoned: its ticket
+// completes with the query's error, nothing goes back to a pool (its work
+// may still run).
+TEST_F(ChainTest, AStreamQueryThatKeepsFailingMarksTheDeviceFailedAndEndsTheItem) {
+  AddGatherBuffers();
+  ASSERT_OK(Execute({Gather("acts", "idx", "out")}, "", Handle('r')));
+  const size_t in_use = pools_.InUse();
+  backend_.queue().set_failed_query_limit(std::chrono::milliseconds(0));
+  device_.fail_event_query = true;
+  device_.fail_stream_query = true;
+  for (int i = 1; i < backends::CompletionQueue::kMinFailedQueries; ++i) {
+    EXPECT_EQ(backend_.queue().Poll(), 0) << "failure " << i << ": asked again";
+    EXPECT_TRUE(device_.usable);
+  }
+  EXPECT_EQ(backend_.queue().Poll(), 1) << "given up";
+  EXPECT_FALSE(device_.usable) << "marked out of service";
+  EXPECT_THAT(device_.out_of_service_why, ::testing::HasSubstr("without a sticky error"));
+  EXPECT_EQ(backend_.queue().pending(), 0u);
+  EXPECT_EQ(backend_.queue().abandoned(), 1u);
+  EXPECT_EQ(async_.inflight(), 0u) << "the ticket completed";
+  EXPECT_EQ(async_.TakeDeferred("s").code(), StatusCode::kInternal);
+  EXPECT_EQ(pools_.InUse(), in_use) << "leaked, not returned: the stream's work may still run";
 }
 
 TEST_F(ChainTest, ASessionEndingInFlightKeepsItsMemoryUntilTheWorkCompletes) {
@@ -252,6 +280,37 @@ TEST_F(ChainTest, AClientEventErrorFailsTheDeviceOnlyIfTheProbeConfirms) {
   EXPECT_FALSE(device_.CheckUsable().ok());
 }
 
+// A record_event the driver will not record on this device (created on
+// another one) is refused before anything of the request runs, not at
+// Commit after its ops were launched: FAILED_PRECONDITION naming the field
+// and the device; nothing staged, launched or written; the device usable.
+TEST_F(ChainTest, ARecordEventOfAnotherDeviceIsRefusedBeforeAnyOpRuns) {
+  float* out = AddGatherBuffers();
+  for (const bool async : {true, false}) {
+    SCOPED_TRACE(async ? "async" : "sync (inline output)");
+    backend_.EndSession("s");
+    device_.log.clear();
+    device_.fail_client_call = "record";
+    device_.client_event_error = 1;  // the driver's answer for another device's event
+    absl::StatusOr<std::vector<core::OpResult>> r =
+        Execute({Gather("acts", "idx", async ? "out" : "")}, Handle('w'), Handle('r'));
+    EXPECT_THAT(r.status(), StatusIs(StatusCode::kFailedPrecondition, "record_event"));
+    EXPECT_THAT(r.status().message(), HasSubstr("cuda:0 (GPU-fake)"));
+    for (const Call& call : device_.log) {
+      EXPECT_NE(call.what, "kernel") << "an op was launched before the record_event was refused";
+      EXPECT_NE(call.what, "h2d") << "an input was staged before the record_event was refused";
+    }
+    EXPECT_EQ(out[0], 0.f);
+    EXPECT_OK(device_.CheckUsable());
+    EXPECT_EQ(device_.probes, 0) << "the client's code: no probe";
+    for (const Call& call : device_.log) device_.Progress(call.stream);
+    (void)backend_.queue().Poll();
+    EXPECT_EQ(async_.inflight(), 0u);
+    EXPECT_EQ(async_.stuck(), 0u);
+    EXPECT_EQ(pools_.InUse(), 0u);
+  }
+}
+
 // On a server of several devices, an evented Execute must name a buffer
 // (on the event's device): else it would run on any device, which opens
 // and records events of another one.
@@ -277,30 +336,68 @@ TEST_F(ChainTest, SeveralDevicesRefuseAnEventedExecuteThatNamesNoBuffer) {
   EXPECT_OK(Execute({}, Handle('w'), ""));
 }
 
-TEST_F(ChainTest, TheEventCacheIsBoundedPerSessionAndSharesAHandle) {
+TEST_F(ChainTest, TheEventCacheIsBoundedPerSessionAndKeyedBySession) {
   backends::IpcEventCache& cache = backend_.events();  // 2 per session
-  ASSERT_OK(cache.Get("s", Handle('a'), "wait_event"));
+  absl::StatusOr<std::shared_ptr<backends::IpcEvent>> sa =
+      cache.Get("s", Handle('a'), "wait_event");
+  ASSERT_OK(sa);
   ASSERT_OK(cache.Get("s", Handle('b'), "wait_event"));
   ASSERT_OK(cache.Get("s", Handle('a'), "wait_event"));  // a is now the most recent
   EXPECT_EQ(device_.ipc_opens, 2);
+  // Another session naming the same bytes gets its own event: it can never
+  // use, observe or destroy the one session s opened.
   absl::StatusOr<std::shared_ptr<backends::IpcEvent>> b = cache.Get("t", Handle('b'), "x");
   ASSERT_OK(b);
-  EXPECT_EQ(device_.ipc_opens, 2) << "the same handle in another session is opened once";
-  ASSERT_OK(cache.Get("s", Handle('c'), "wait_event"));  // drops b, the least recent
+  EXPECT_EQ(device_.ipc_opens, 3) << "opened again for session t";
+  absl::StatusOr<std::shared_ptr<backends::IpcEvent>> ta = cache.Get("t", Handle('a'), "x");
+  ASSERT_OK(ta);
+  EXPECT_NE((*ta)->get(), (*sa)->get()) << "session t was handed session s's event";
+  ASSERT_OK(cache.Get("s", Handle('c'), "wait_event"));  // drops s's b, the least recent
   EXPECT_EQ(cache.cached("s"), 2u);
-  EXPECT_EQ(device_.events_destroyed, 0) << "b is still held by session t";
+  EXPECT_EQ(device_.events_destroyed, 1) << "s's b went; t's b is its own";
+  sa->reset();
+  ta->reset();
+  cache.EndSession("t");  // t's events go; none of s's
+  EXPECT_EQ(device_.events_destroyed, 2) << "t's a went; t's b is still held here";
   b->reset();
-  cache.EndSession("t");
-  EXPECT_EQ(device_.events_destroyed, 1);
+  EXPECT_EQ(device_.events_destroyed, 3);
+  EXPECT_EQ(cache.cached("s"), 2u);
   ASSERT_OK(cache.Get("s", Handle('a'), "wait_event"));
-  EXPECT_EQ(device_.ipc_opens, 3) << "a was kept";
+  EXPECT_EQ(device_.ipc_opens, 5) << "s's a was kept by s";
   cache.EndSession("s");
   EXPECT_EQ(device_.live_events(), 0u);
   EXPECT_EQ(cache.cached("s"), 0u);
-  EXPECT_EQ(cache.tracked(), 0u) << "forgotten once the session's events went";
   EXPECT_THAT(cache.Get("s", Handle('\xFF'), "record_event").status(),
               StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_EQ(cache.tracked(), 0u) << "a failed open adds nothing";
+  EXPECT_EQ(cache.cached("s"), 0u) << "a failed open adds nothing";
+}
+
+// The stuck caps (async_requests.h): per session, then server-wide; only
+// for requests that may get stuck; an abandoned ticket frees its admission.
+TEST(AsyncRequestsTest, AbandonedTicketsCountAsStuckUnderTheirOwnCaps) {
+  core::AsyncRequests async(core::AsyncLimits{2, 3, 2, 3});
+  std::vector<core::AsyncRequests::Ticket> held;
+  for (const char* s : {"s", "s", "t"}) {
+    absl::StatusOr<core::AsyncRequests::Ticket> t = async.Admit(s, true);
+    ASSERT_OK(t);
+    t->Abandon();
+    t->Abandon();  // once
+    held.push_back(*std::move(t));
+  }
+  EXPECT_EQ(async.inflight(), 0u);
+  EXPECT_EQ(async.stuck(), 3u);
+  EXPECT_EQ(async.stuck("s"), 2u);
+  EXPECT_THAT(async.Admit("s", true).status(),
+              StatusIs(StatusCode::kResourceExhausted, "in this session, the limit is 2"));
+  EXPECT_THAT(async.Admit("u", true).status(),
+              StatusIs(StatusCode::kResourceExhausted, "in the server, the limit is 3"));
+  for (const char* s : {"s", "u", "u"}) EXPECT_OK(async.Admit(s, false)) << s;
+  EXPECT_FALSE(async.WaitAll(absl::Milliseconds(1))) << "stuck ones are waited for";
+  held[0].Complete(absl::OkStatus());
+  EXPECT_EQ(async.stuck("s"), 1u);
+  EXPECT_OK(async.Admit("s", true));
+  held.clear();
+  EXPECT_TRUE(async.WaitAll(absl::Milliseconds(1)));
 }
 
 TEST(AsyncRequestsTest, CapsDeferredErrorsAndWaiting) {

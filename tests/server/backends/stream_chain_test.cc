@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,8 +36,8 @@ TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCom
   const StreamDevice::Stream s = LastStream();
   // Replied with the work still queued: no host synchronization, the client
   // event recorded after the op, then the private completion event.
-  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"record", s},
-                                       Call{"complete", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"kernel", s},
+                                       Call{"record", s}, Call{"complete", s}));
   EXPECT_THAT(Floats(out, 8), ElementsAreArray(std::vector<float>(8, 0.f))) << "not run yet";
   // Held: the workspace, the scratch reservation, the stream, the buffers
   // (unregistering them now only drops the names), the async slot.
@@ -75,8 +76,9 @@ TEST_F(ChainTest, AllOpsRunOnOneStreamBetweenTheWaitAndTheRecord) {
       absl::string_view(reinterpret_cast<const char*>(kChainIdx.data()), kChainIdx.size() * 4);
   ASSERT_OK(Execute({Gather("acts", "idx", "out"), second}, Handle('w'), Handle('r')));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"kernel", s}, Call{"h2d", s},
-                                       Call{"kernel", s}, Call{"record", s}, Call{"complete", s}));
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"kernel", s}, Call{"h2d", s},
+                          Call{"kernel", s}, Call{"record", s}, Call{"complete", s}));
   EXPECT_EQ(pools_.InUse(), 4u) << "two workspaces, a pinned and a device staging block";
   device_.Progress(s);
   EXPECT_EQ(backend_.queue().Poll(), 1);
@@ -121,9 +123,9 @@ TEST_F(ChainTest, InlineOutputsMakeTheEventedExecuteSynchronous) {
   const StreamDevice::Stream s = LastStream();
   // The output is zeroed and copied back on the stream, the op synchronized
   // (the reply needs the bytes), and the client's event still recorded.
-  EXPECT_THAT(device_.log,
-              ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"zero", s}, Call{"kernel", s},
-                          Call{"d2h", s}, Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"waited", s},
+                                       Call{"zero", s}, Call{"kernel", s}, Call{"d2h", s},
+                                       Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(backend_.queue().pending(), 0u);
   EXPECT_EQ(pools_.InUse(), 0u);
@@ -143,7 +145,8 @@ TEST_F(ChainTest, WaitEventAloneWaitsThenRunsSynchronously) {
 TEST_F(ChainTest, ZeroOpsWaitAndRecordOnly) {
   ASSERT_OK(Execute({}, Handle('w'), Handle('r')));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"record", s}, Call{"complete", s}));
+  EXPECT_THAT(device_.log, ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"record", s},
+                                       Call{"complete", s}));
   EXPECT_EQ(async_.inflight("s"), 1u);
   device_.Progress(s);
   EXPECT_EQ(backend_.queue().Poll(), 1);
@@ -201,7 +204,8 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"complete", s}));
   EXPECT_EQ(backend_.queue().Poll(), 0) << "the stream still waits on the client";
   EXPECT_EQ(backend_.queue().pending(), 1u);
-  EXPECT_EQ(async_.inflight("s"), 1u) << "counted against the caps while it waits";
+  EXPECT_EQ(async_.inflight("s"), 0u) << "abandoned: not counted against the admission";
+  EXPECT_EQ(async_.stuck("s"), 1u) << "counted as stuck while it waits";
   EXPECT_EQ(out[0], 0.f);
   // The same request without a deadline problem, once the client is done:
   // it runs (the host poll saw the event complete).
@@ -215,6 +219,50 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
   EXPECT_OK(async_.TakeDeferred("s")) << "the request answered its error itself";
   EXPECT_EQ(pools_.InUse(), 0u);
   EXPECT_EQ(device_.free_streams(), 2u);
+}
+
+// Sync requests abandoned at their deadline leave their streams waiting on
+// the client's event, maybe for ever. They must not keep their admission
+// (per session 2, server 3 here): they count as stuck, under caps of their
+// own (4 per session by default), so one session's events that never
+// complete cannot take the admission from the others, and the session
+// itself is refused only for requests that could get stuck too.
+TEST_F(ChainTest, AbandonedSyncRequestsCountAsStuckNotInFlight) {
+  AddGatherBuffers();
+  AddBuffer("acts", kChainActs, "t");
+  AddBuffer("idx", kChainIdx, "t");
+  AddBuffer("out", std::vector<float>(8, 0.f), "t");
+  device_.pending_handles.insert(Handle('p'));
+  const Expired expired;
+  const std::vector<core::OpRequest> ops = {Gather("acts", "idx", "out")};
+  std::vector<StreamDevice::Stream> stuck;
+  for (uint32_t i = 1; i <= core::AsyncLimits().stuck_per_session; ++i) {
+    stop_ = &expired;
+    EXPECT_THAT(Execute(ops, Handle('p'), "").status(), StatusIs(StatusCode::kDeadlineExceeded))
+        << "abandoned request " << i;
+    stuck.push_back(LastStream());
+    EXPECT_EQ(async_.inflight(), 0u) << "an abandoned request keeps no admission";
+    EXPECT_EQ(async_.stuck("s"), i);
+  }
+  stop_ = nullptr;
+  EXPECT_THAT(Execute(ops, Handle('p'), "").status(),
+              StatusIs(StatusCode::kResourceExhausted, "abandoned while waiting on a wait_event"));
+  // Other sessions are served in full: the server-wide admission (3) is
+  // untouched by s's stuck requests.
+  device_.ClientEventDone(Handle('q'));
+  for (int i = 0; i < 2; ++i) ASSERT_OK(Execute(ops, Handle('q'), Handle('r'), "t"));
+  EXPECT_EQ(async_.inflight("t"), 2u);
+  ASSERT_OK(Execute(ops, "", Handle('r'))) << "s without a wait_event is not refused for them";
+  EXPECT_EQ(async_.inflight(), 3u);
+  // The client's event completes at last: every stuck request completes.
+  device_.ClientEventDone(Handle('p'));
+  std::set<StreamDevice::Stream> streams;
+  for (const auto& call : device_.log) streams.insert(call.stream);
+  for (StreamDevice::Stream s : streams) device_.Progress(s);
+  EXPECT_EQ(backend_.queue().Poll(), 4 + 3);
+  EXPECT_EQ(async_.stuck(), 0u);
+  EXPECT_EQ(async_.inflight(), 0u);
+  ASSERT_OK(Execute(ops, Handle('p'), "")) << "s is admitted again";
 }
 
 // While a stream waits on a client's event the pools free nothing: a

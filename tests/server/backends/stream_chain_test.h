@@ -56,11 +56,13 @@ class ChainBackend final : public StreamBackend {
     }
     ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamChain> chain,
                      backends::StreamChain::Begin(device_, pools_, &queue_, std::move(wait),
-                                                  std::move(record), async));
+                                                  std::move(record), async, "cuda:0 (GPU-fake)"));
     chain->set_max_host_wait(max_host_wait_);
     return std::unique_ptr<core::RequestChain>(std::move(chain));
   }
   void EndSession(const std::string& session) override { events_.EndSession(session); }
+  // As CudaBackend's.
+  void AbandonPendingWork() override { queue_.Shutdown(backends::CompletionQueue::Clock::now()); }
   // Two devices (multi_device tests): the request's buffers route it.
   std::vector<core::DeviceDescription> devices() const override {
     return std::vector<core::DeviceDescription>(two_devices_ ? 2 : 1);

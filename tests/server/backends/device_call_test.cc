@@ -1,0 +1,96 @@
+// OnDeviceChecked (server/backends/device_call.h) over a fake device switch
+// ops: the event paths' call runs with the backend's device current, the
+// caller's device comes back after it, and a failed switch is told apart
+// from a call that answered cudaErrorInvalidDevice (the client's event of
+// another device) because the call did not run.
+#include "server/backends/device_call.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tokensel::backends {
+namespace {
+
+using ::testing::ElementsAre;
+
+constexpr int kInvalidDevice = 101;  // cudaErrorInvalidDevice
+
+// The calling thread's CUDA device state: a context and a current device.
+class Thread final : public DeviceSwitch {
+ public:
+  bool HasCurrentContext() override { return has_context; }
+  bool GetDevice(int* device) override {
+    *device = current;
+    return true;
+  }
+  bool SetDevice(int device) override {
+    log.push_back(absl::StrCat("set ", device));
+    if (device == refuse) return false;
+    current = device;
+    has_context = true;
+    return true;
+  }
+  void RestoreFailed(int device) override {
+    log.push_back(absl::StrCat("restore failed ", device));
+  }
+
+  bool has_context = true;
+  int current = 1;
+  int refuse = -1;
+  std::vector<std::string> log;
+};
+
+TEST(DeviceCallTest, TheCallRunsOnTheDeviceAndTheCallersDeviceComesBack) {
+  Thread thread;  // a request thread whose current device is 1
+  int ran_on = -1;
+  const DeviceCall call = OnDeviceChecked(thread, 0, [&] {
+    ran_on = thread.current;
+    return 0;
+  });
+  EXPECT_TRUE(call.switched);
+  EXPECT_EQ(call.result, 0);
+  EXPECT_EQ(ran_on, 0);
+  EXPECT_EQ(thread.current, 1) << "the caller's device restored";
+  EXPECT_THAT(thread.log, ElementsAre("set 0", "set 1"));
+}
+
+TEST(DeviceCallTest, AFailedSwitchRunsNothingAndIsNotTheCallsInvalidDevice) {
+  Thread thread;
+  thread.refuse = 2;
+  bool ran = false;
+  const DeviceCall refused = OnDeviceChecked(thread, 2, [&] {
+    ran = true;
+    return 0;
+  });
+  EXPECT_FALSE(refused.switched);
+  EXPECT_FALSE(ran) << "nothing runs on the wrong device";
+  EXPECT_EQ(thread.current, 1);
+  // The call itself answering cudaErrorInvalidDevice (a client's event of
+  // another device) is a call that ran: the caller classifies it.
+  const DeviceCall answered = OnDeviceChecked(thread, 0, [] { return kInvalidDevice; });
+  EXPECT_TRUE(answered.switched);
+  EXPECT_EQ(answered.result, kInvalidDevice);
+  EXPECT_EQ(thread.current, 1);
+}
+
+TEST(DeviceCallTest, AFailedRestoreIsReportedAndAThreadWithoutAContextIsLeftAlone) {
+  Thread thread;
+  thread.refuse = 1;  // the way back fails
+  const DeviceCall call = OnDeviceChecked(thread, 0, [] { return 0; });
+  EXPECT_TRUE(call.switched);
+  EXPECT_THAT(thread.log, ElementsAre("set 0", "set 1", "restore failed 1"));
+  // A fresh thread (no context: cudaGetDevice would say 0) is not switched
+  // back to 0, whose context would be created for nothing.
+  Thread fresh;
+  fresh.has_context = false;
+  fresh.current = 0;
+  EXPECT_TRUE(OnDeviceChecked(fresh, 1, [] { return 0; }).switched);
+  EXPECT_THAT(fresh.log, ElementsAre("set 1"));
+}
+
+}  // namespace
+}  // namespace tokensel::backends
