@@ -72,6 +72,11 @@ size_t CompletionQueue::abandoned() const {
   return abandoned_;
 }
 
+std::vector<StreamDevice::Stream> CompletionQueue::abandoned_streams() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abandoned_streams_;
+}
+
 void CompletionQueue::Complete(CompletionWork& work, const absl::Status& error) {
   try {
     absl::Status deferred = error;
@@ -179,13 +184,17 @@ void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
   work.holds.clear();
   work.ops.clear();  // the args' host copies; the workspaces are forgotten
   work.staging.clear();
-  work.stream = nullptr;
   work.done_event = nullptr;
   work.gate = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++abandoned_;
+    try {  // out of memory: not listed (then its owner may synchronize it)
+      if (work.stream != nullptr) abandoned_streams_.push_back(work.stream);
+    } catch (...) {
+    }
   }
+  work.stream = nullptr;
   if (!work.done) return;
   try {
     std::exchange(work.done, nullptr)(work.report ? error : absl::OkStatus());

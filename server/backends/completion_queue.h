@@ -122,6 +122,9 @@ class CompletionQueue {
   void Shutdown() { Shutdown(Clock::now() + kShutdownWait); }
   size_t pending() const;
   size_t abandoned() const;
+  // The streams of the abandoned items (their work may never complete):
+  // whoever destroys the streams must not synchronize these.
+  std::vector<StreamDevice::Stream> abandoned_streams() const;
   void set_failed_query_limit(std::chrono::milliseconds limit) { failed_query_limit_ = limit; }
 
  private:
@@ -142,12 +145,13 @@ class CompletionQueue {
   std::chrono::milliseconds failed_query_limit_ = kFailedQueryLimit;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::list<CompletionWork> items_;  // guarded by mu_
-  bool stop_ = false;                // guarded by mu_
-  bool closed_ = false;              // guarded by mu_: nothing polls any more
-  Clock::time_point deadline_;       // guarded by mu_: of Shutdown
-  size_t abandoned_ = 0;             // guarded by mu_
-  std::mutex shutdown_mu_;           // one Shutdown at a time
+  std::list<CompletionWork> items_;                      // guarded by mu_
+  bool stop_ = false;                                    // guarded by mu_
+  bool closed_ = false;                                  // guarded by mu_: nothing polls any more
+  Clock::time_point deadline_;                           // guarded by mu_: of Shutdown
+  size_t abandoned_ = 0;                                 // guarded by mu_
+  std::vector<StreamDevice::Stream> abandoned_streams_;  // guarded by mu_
+  std::mutex shutdown_mu_;                               // one Shutdown at a time
   std::thread thread_;
 };
 

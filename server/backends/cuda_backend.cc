@@ -187,12 +187,17 @@ absl::Status CudaBackend::Init(int streams) {
 
 CudaBackend::~CudaBackend() {
   // Async requests still in flight hold streams and pool blocks: they
-  // complete (the queue waits for their events) before any is destroyed.
+  // complete (the queue waits for their events, at most kShutdownWait)
+  // before any is destroyed. What the queue abandoned may wait on a client
+  // event for ever: those streams are destroyed without a synchronization
+  // (cudaStreamDestroy returns at once; the driver releases the stream when
+  // its work completes) and their blocks stay leaked (completion_queue.h).
   completions_.Shutdown();
+  const std::vector<kc::Stream> stuck = completions_.abandoned_streams();
   cudaSetDevice(device_.ordinal);
   absl::MutexLock lock(&mu_);
   for (kc::Stream s : all_streams_) {
-    cudaStreamSynchronize(s);
+    if (std::find(stuck.begin(), stuck.end(), s) == stuck.end()) cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
   }
   // The pools free their idle blocks as they are destroyed (no lease is

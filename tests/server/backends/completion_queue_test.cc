@@ -163,6 +163,7 @@ TEST(CompletionQueueTest, ShutdownGivesUpOnAStuckItemAtItsDeadline) {
   EXPECT_EQ(queue.pending(), 0u);
   EXPECT_EQ(pools.InUse(), 1u) << "the workspace is leaked, not back in the pool";
   EXPECT_EQ(device.streams_released.load(), 0) << "the stream is leaked";
+  EXPECT_EQ(queue.abandoned_streams().size(), 1u) << "listed: its owner must not synchronize it";
   EXPECT_EQ(device.finishes.load(), 0) << "no Finish of work that may not have run";
 }
 

@@ -99,7 +99,7 @@ double Sample(const std::string& page, const std::string& metric,
   return -1;
 }
 
-TEST(CudaDevicesGpuTest, AnOpOnDevice1RunsThereWhatEverTheServersNumbering) {
+TEST(CudaDevicesGpuTest, AnOpOnDevice1RunsThereWhateverTheServersNumbering) {
   TOKENSEL_REQUIRE_GPU();
   const std::vector<core::DeviceDescription> devices = backends::ListCudaDevices();
   if (devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices, found " << devices.size();
