@@ -176,7 +176,7 @@ absl::Status StreamChain::Commit(DoneFn done) {
   // stopped or failed): nothing ran; the stream may still wait on the
   // client's event, so it is not drained here (that could block for ever)
   // but completed off-thread; the client's record_event is not recorded
-  // (the request failed).
+  // after it (the request failed; only Begin's check: stream_chain.h).
   if (!async_ && !MaySynchronize()) return HandOff();
   absl::Status recorded = absl::OkStatus();
   // After the last op (and its copies) on the stream: the client's wait on

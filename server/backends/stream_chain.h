@@ -29,29 +29,23 @@
 // us doubling to 1 ms) until it completed, or until the stop token fires or
 // the poll fails: then the chain is abandoned, and Commit hands the stream
 // (whose only work is the wait) to the CompletionQueue without recording
-// the client's event. Why the marker and not the client's event itself:
-// cudaEventQuery of the client's event reports its LATEST record, which the
-// client may have re-recorded (on an idle stream: done at once) after the
-// stream captured the previous one; the marker is the server's own and is
-// recorded behind exactly the wait the stream holds. The host waits at
-// most kMaxHostWait (60 s) even when the call has no deadline.
-// The record_event check: an event the driver will not record on this
-// device (an event created on another device, or one the client
-// destroyed) would otherwise fail only at Commit, after every op was
-// launched (writing the outputs the client never learns are ready). CUDA
-// has no query for an event's device, so Begin records the client's
-// record_event once on the chain's stream BEFORE its wait (the stream is
-// idle: the record completes at once): the driver accepts or refuses it
-// there, before anything of the request runs. A refusal (the client's
-// code, or another code the device probe does not confirm) is
-// FAILED_PRECONDITION naming record_event and this device; nothing ran.
-// Why before the wait: behind it, the check's record would stay pending as
-// long as the client's wait_event (for ever on a request abandoned at its
-// deadline), and a client waiting on record_event after such an error
-// would hang. Harmless for the client: until Commit's record (after the
-// ops) the event is not the request's to wait on (a wait taken before the
-// reply may see any earlier record); the event shows complete, as an event
-// the server never recorded does. Except when record_event IS the
+// the client's event again (only the record_event check below). Why the marker and not the client's
+// event itself: cudaEventQuery of the client's event reports its LATEST record, which the client
+// may have re-recorded (on an idle stream: done at once) after the stream captured the previous
+// one; the marker is the server's own and is recorded behind exactly the wait the stream holds. The
+// host waits at most kMaxHostWait (60 s) even when the call has no deadline. The record_event
+// check: an event the driver will not record on this device (an event created on another device, or
+// one the client destroyed) would otherwise fail only at Commit, after every op was launched
+// (writing the outputs the client never learns are ready). CUDA has no query for an event's device,
+// so Begin records the client's record_event once on the chain's stream BEFORE its wait (the stream
+// is idle: the record completes at once): the driver accepts or refuses it there, before anything
+// of the request runs. A refusal (the client's code, or another code the device probe does not
+// confirm) is FAILED_PRECONDITION naming record_event and this device; nothing ran. Why before the
+// wait: behind it, the check's record would stay pending as long as the client's wait_event (for
+// ever on a request abandoned at its deadline), and a client waiting on record_event after such an
+// error would hang. Harmless for the client: until Commit's record (after the ops) the event is not
+// the request's to wait on (a wait taken before the reply may see any earlier record); the event
+// shows complete, as an event the server never recorded does. Except when record_event IS the
 // wait_event (one event, ping-pong): recorded before the wait, the check
 // would replace the record the wait must capture (the stream would not
 // wait for the client's work), so then the check comes right after the
