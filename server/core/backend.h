@@ -27,6 +27,8 @@
 
 namespace tokensel::core {
 
+class MemoryBudget;
+
 struct DeviceDescription {
   int ordinal = 0;
   std::string uuid;
@@ -264,6 +266,10 @@ class Backend {
                                                                    bool async);
   // The session ended: drop what the backend keeps for it (its events).
   virtual void EndSession(const std::string& /*session*/) {}
+  // The budget that pays for memory the backend keeps beyond its caches'
+  // bounds (CUDA: idle pool blocks beyond a cap while frees wait on the
+  // FreeGate, free_gate.h); null detaches it (before the budget ends).
+  virtual void AttachMemoryBudget(MemoryBudget* /*budget*/) {}
 
   // Memory for inline tensors, accessible to Run: aligned host memory on the
   // CPU, device memory on CUDA. Copies are synchronous. A direct API (tests,
