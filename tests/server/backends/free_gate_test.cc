@@ -23,11 +23,11 @@ using backends::StreamPool;
 using core::FreeGate;
 using core::MemoryBudget;
 
-// A Deferred function: counts its runs in the int64_t at `arg`.
-void Count(void* /*data*/, intptr_t arg) { ++*reinterpret_cast<int64_t*>(arg); }
+// A Deferred function: counts its runs in the int64_t at `data`.
+void Count(void* data, intptr_t /*arg*/) { ++*static_cast<int64_t*>(data); }
 
 FreeGate::Deferred Counted(int64_t* runs, uint64_t bytes) {
-  return FreeGate::Deferred{&Count, nullptr, reinterpret_cast<intptr_t>(runs), bytes};
+  return FreeGate::Deferred{&Count, runs, 0, bytes};
 }
 
 TEST(FreeGateTest, DefersWhileClosedAndDrainsWhenTheLastWaitLeaves) {
@@ -65,22 +65,28 @@ TEST(FreeGateTest, TheDeferredListIsBoundedAndCountsWhatItDrops) {
   EXPECT_EQ(gate.DrainIfOpen(), 0u);
 }
 
-// destroy(stream, arg): the destroyed streams, in the vector at `arg`.
-void Destroy(void* stream, intptr_t arg) {
-  reinterpret_cast<std::vector<void*>*>(arg)->push_back(stream);
-}
+// The streams destroyed by Destroy, the StreamPool's destroy function.
+std::vector<void*>* destroyed_streams = nullptr;
+void Destroy(void* stream, intptr_t /*arg*/) { destroyed_streams->push_back(stream); }
 
+// A StreamPool over fake streams: distinct addresses of `slots`.
 struct Streams {
   explicit Streams(size_t max_idle, FreeGate* gate)
       : pool(
             max_idle,
             [this]() -> absl::StatusOr<void*> {
               if (fail) return absl::InternalError("injected stream creation failure");
-              return reinterpret_cast<void*>(++made);
+              return static_cast<void*>(&slots[made++]);
             },
-            &Destroy, reinterpret_cast<intptr_t>(&destroyed), gate) {}
+            &Destroy, 0, gate) {
+    destroyed_streams = &destroyed;
+  }
+  ~Streams() { destroyed_streams = nullptr; }
+  Streams(const Streams&) = delete;
+  Streams& operator=(const Streams&) = delete;
   bool fail = false;
-  uintptr_t made = 0;
+  size_t made = 0;
+  char slots[64] = {};
   std::vector<void*> destroyed;
   StreamPool pool;
 };
@@ -91,6 +97,7 @@ TEST(StreamPoolTest, ABurstLeavesAtMostTheIdleCap) {
   ASSERT_OK(s.pool.Init(2));
   EXPECT_EQ(s.pool.idle(), 2u);
   std::vector<void*> held;
+  held.reserve(20);
   for (int i = 0; i < 20; ++i) held.push_back(*s.pool.Acquire());  // a burst of 20
   EXPECT_EQ(s.pool.created(), 20);
   for (void* st : held) s.pool.Release(st);
@@ -118,6 +125,7 @@ TEST(StreamPoolTest, StreamsBeyondTheCapAreDestroyedOnlyOnceTheGateOpens) {
   FreeGate gate;
   Streams s(2, &gate);
   std::vector<void*> held;
+  held.reserve(6);
   for (int i = 0; i < 6; ++i) held.push_back(*s.pool.Acquire());
   gate.Enter();  // a stream (of any backend) waits on a client's event
   for (void* st : held) s.pool.Release(st);
