@@ -137,6 +137,9 @@ absl::Status Server::Init() {
                                      ? options_.max_request_memory_bytes
                                      : std::min(budget_bytes, uint64_t{1} << 30);
   budget_ = std::make_unique<core::MemoryBudget>(budget_bytes, request_bytes, metrics_.get());
+  // The CUDA pools charge it for idle blocks kept beyond their caps while
+  // frees wait (server/core/free_gate.h); detached at shutdown.
+  backend_->AttachMemoryBudget(budget_.get());
   admission_ = std::make_unique<core::Admission>(options_.max_inflight, metrics_.get());
   core::ExecutorLimits executor_limits;
   executor_limits.max_inline_bytes = options_.max_message_bytes;
@@ -289,6 +292,9 @@ void Server::Shutdown(absl::Duration grace) {
     // while the process exits. Then the owners are leaked.
     if (backend_ != nullptr) backend_->AbandonPendingWork();
     LeakStuckWork();
+  } else if (backend_ != nullptr) {
+    // The budget is destroyed before the backend: its pools' charge first.
+    backend_->AttachMemoryBudget(nullptr);
   }
 }
 

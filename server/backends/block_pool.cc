@@ -1,9 +1,7 @@
 // BlockPool (contract: block_pool.h).
 #include "server/backends/block_pool.h"
 
-#include <iterator>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,6 +20,8 @@ BlockPool::~BlockPool() {
   absl::MutexLock lock(&mu_);
   for (const auto& [bytes, data] : idle_) free_(data);
   idle_.clear();
+  idle_bytes_ = 0;
+  SettleChargeLocked();
 }
 
 size_t BlockPool::AllocationBytes(size_t bytes) const {
@@ -41,70 +41,118 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
     if (it != idle_.end() && it->first / 2 <= rounded) {
       Block block{it->second, it->first};
       idle_bytes_ -= it->first;
-      idle_.erase(it);
+      // Its node waits for the block's Release (moving a node allocates nothing).
+      spare_nodes_.insert(idle_.extract(it));
       ++in_use_;
+      SettleChargeLocked();  // reused: the request pays for it now
       return block;
     }
   }
+  // The node the block's Release will need, before anything is allocated:
+  // if this throws, nothing is held.
+  std::multimap<size_t, void*> maker;
+  maker.emplace(rounded, nullptr);
+  auto node = maker.extract(maker.begin());
   absl::StatusOr<void*> data = allocate_(rounded);
   if (!data.ok()) return data.status();
+  const bool gated = gate_ != nullptr && !gate_->open();
   absl::MutexLock lock(&mu_);
+  spare_nodes_.insert(std::move(node));
   ++allocations_;
+  if (gated) ++gated_allocations_;
   ++in_use_;
   return Block{*data, rounded};
 }
 
-void BlockPool::Release(Block block) {
+void BlockPool::AttachBudget(core::MemoryBudget* budget) {
+  absl::MutexLock lock(&mu_);
+  excess_ = budget != nullptr ? budget->Open() : core::MemoryBudget::Reservation();
+  SettleChargeLocked();
+}
+
+void BlockPool::SettleChargeLocked() {
+  const uint64_t beyond = idle_bytes_ > max_cached_bytes_ ? idle_bytes_ - max_cached_bytes_ : 0;
+  if (beyond > excess_.bytes()) {
+    excess_.GrowPastBounds(beyond - excess_.bytes());
+  } else {
+    excess_.Shrink(excess_.bytes() - beyond);
+  }
+}
+
+void* BlockPool::PopForTrimLocked(size_t target, void* keep) {
+  if (idle_bytes_ <= target) return nullptr;
+  for (auto it = idle_.end(); it != idle_.begin();) {
+    --it;
+    if (it->second == keep) continue;
+    void* const data = it->second;
+    idle_bytes_ -= it->first;
+    idle_.erase(it);
+    ++frees_;
+    return data;
+  }
+  return nullptr;
+}
+
+void BlockPool::Release(Block block) noexcept {
   if (block.data == nullptr) return;
-  std::vector<void*> to_free;
   // Trimming only while the gate is open, and the gate held until the
   // frees are done (FreeGate).
   const bool may_free = gate_ == nullptr || gate_->BeginFree();
-  struct GateHold {  // released on every path (a std::bad_alloc included)
+  struct GateHold {  // released on every path
     FreeGate* gate;
     ~GateHold() {
       if (gate != nullptr) gate->EndFree();
     }
   } const hold{gate_ != nullptr && may_free ? gate_ : nullptr};
+  bool trim = false;
   {
     absl::MutexLock lock(&mu_);
     --in_use_;
-    const auto released = idle_.emplace(block.bytes, block.data);
-    idle_bytes_ += block.bytes;
-    // Idle memory stays bounded: without this, requests of ever larger sizes
-    // (each within the budget) would each add a block the pool then kept for
-    // good, until the device (or the host's pinned memory) ran out. The
-    // largest go first. With hysteresis: once over the cap, down to half of
-    // it. Trimming just under the cap freed one block per release while a
-    // steady load hovered there (typically the large block that load uses,
-    // while smaller stale ones stayed), and the next wave allocated it again:
-    // a cudaFree/cudaFreeHost (each synchronizes the whole device) plus an
-    // allocation on every reply's path. Freeing down to half leaves room for
-    // the load to settle without trimming again. The block just released
-    // goes last (only if it alone still exceeds the cap): it is the one the
-    // current load uses, while the others sat idle longer; freeing it first
-    // would leave a load block between half the cap and the cap to be
-    // freed and allocated again on every wave.
-    const size_t low_water = max_cached_bytes_ / 2;
-    if (may_free && idle_bytes_ > max_cached_bytes_) {
-      auto it = idle_.end();
-      while (idle_bytes_ > low_water && it != idle_.begin()) {
-        --it;
-        if (it == released) continue;
-        idle_bytes_ -= it->first;
-        to_free.push_back(it->second);
-        it = idle_.erase(it);
-        ++frees_;
-      }
-      if (idle_bytes_ > max_cached_bytes_) {  // the released block alone
-        idle_bytes_ -= released->first;
-        to_free.push_back(released->second);
-        idle_.erase(released);
-        ++frees_;
-      }
+    // No allocation here (Release runs while unwinding): the block's node
+    // was made by its Acquire. (A block this pool did not hand out finds
+    // no node: then one is allocated, as before.)
+    if (!spare_nodes_.empty()) {
+      auto node = spare_nodes_.extract(spare_nodes_.begin());
+      node.key() = block.bytes;
+      node.mapped() = block.data;
+      idle_.insert(std::move(node));
+    } else {
+      idle_.emplace(block.bytes, block.data);
     }
+    idle_bytes_ += block.bytes;
+    trim = may_free && idle_bytes_ > max_cached_bytes_;
+    // Gate closed: the idle bytes beyond the cap are charged to the budget.
+    if (!trim) SettleChargeLocked();
   }
-  for (void* data : to_free) free_(data);
+  if (!trim) return;
+  // Idle memory stays bounded: without this, requests of ever larger sizes
+  // (each within the budget) would each add a block the pool then kept for
+  // good, until the device (or the host's pinned memory) ran out. The
+  // largest go first. With hysteresis: once over the cap, down to half of
+  // it. Trimming just under the cap freed one block per release while a
+  // steady load hovered there (typically the large block that load uses,
+  // while smaller stale ones stayed), and the next wave allocated it again:
+  // a cudaFree/cudaFreeHost (each synchronizes the whole device) plus an
+  // allocation on every reply's path. Freeing down to half leaves room for
+  // the load to settle without trimming again. The block just released
+  // goes last (only if it alone still exceeds the cap): it is the one the
+  // current load uses, while the others sat idle longer; freeing it first
+  // would leave a load block between half the cap and the cap to be
+  // freed and allocated again on every wave.
+  // One block at a time, freed outside the lock: no list to build (that
+  // could throw std::bad_alloc while unwinding).
+  const size_t low_water = max_cached_bytes_ / 2;
+  while (true) {
+    void* data = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      data = PopForTrimLocked(low_water, block.data);
+      if (data == nullptr) data = PopForTrimLocked(max_cached_bytes_, nullptr);
+      if (data == nullptr) SettleChargeLocked();  // the charge of earlier closed periods
+    }
+    if (data == nullptr) break;
+    free_(data);
+  }
 }
 
 int64_t BlockPool::allocations() const {
@@ -126,6 +174,14 @@ size_t BlockPool::cached_bytes() const {
 size_t BlockPool::blocks_in_use() const {
   absl::MutexLock lock(&mu_);
   return in_use_;
+}
+uint64_t BlockPool::charged_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return excess_.bytes();
+}
+int64_t BlockPool::gated_allocations() const {
+  absl::MutexLock lock(&mu_);
+  return gated_allocations_;
 }
 
 }  // namespace tokensel::backends

@@ -21,9 +21,23 @@
 //    idle longer). Freed outside the lock (freeing device memory waits for
 //    the device). A block must be idle when released (no device work still
 //    using it).
+//    Release never throws (it runs in destructors, while unwinding): the
+//    blocks to free are taken one at a time under the lock and freed
+//    outside it, with no container to grow.
+//  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
+//    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
+//    request pays for any more, are charged to the MemoryBudget given to
+//    AttachBudget (a reservation of the pool's own, grown past the bounds
+//    if need be: the memory exists and cannot be returned now), and given
+//    back as soon as they are freed or reused. Count-and-cap: while they
+//    are charged, requests find that much less budget, and every block a
+//    request allocates was reserved by it first, so a closed gate cannot
+//    make the pools grow beyond what the budget admits (plus the caps).
+//    gated_allocations() counts the blocks allocated while it was closed.
 // Bounds: blocks in use are at most twice what their users asked for (the
 // callers count AllocationBytes in a MemoryBudget first), and idle blocks at
-// most `max_cached_bytes` after every Release.
+// most `max_cached_bytes` after every Release while the gate is open; while
+// it is closed, the idle bytes beyond the cap are charged to the budget.
 //
 // Thread-safe. The destructor frees the idle blocks; every block must have
 // been released by then.
@@ -39,45 +53,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/core/free_gate.h"
+#include "server/core/memory_budget.h"
 
 namespace tokensel::backends {
 
-// Whether pools may free now. On CUDA, cudaFree / cudaFreeHost synchronize
-// the whole device: while a stream of the device waits on a client's IPC
-// event (stream_chain.h), which may never complete, a free would block its
-// thread (a request's, or the completion thread) for as long. Enter() before
-// such a wait is queued and Leave() once the stream is back in its pool;
-// the pools sharing the gate trim only while no wait is registered, and a
-// free in progress finishes before a wait is queued (Enter waits for it).
-// Meanwhile a pool keeps its idle blocks beyond its cap: they are returned
-// by a later Release, once the gate is open again.
-class FreeGate {
- public:
-  void Enter() {
-    absl::MutexLock lock(&mu_);
-    ++waits_;
-  }
-  void Leave() {
-    absl::MutexLock lock(&mu_);
-    --waits_;
-  }
-  // True (holding the gate until EndFree) when no wait is registered.
-  bool BeginFree() ABSL_SHARED_TRYLOCK_FUNCTION(true, mu_) {
-    mu_.ReaderLock();
-    if (waits_ == 0) return true;
-    mu_.ReaderUnlock();
-    return false;
-  }
-  void EndFree() ABSL_UNLOCK_FUNCTION(mu_) { mu_.ReaderUnlock(); }
-  bool open() const {
-    absl::ReaderMutexLock lock(&mu_);
-    return waits_ == 0;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  int waits_ ABSL_GUARDED_BY(mu_) = 0;
-};
+// Whether pools may free now (server/core/free_gate.h): while a stream
+// waits on a client's IPC event the pools sharing the gate do not trim.
+using FreeGate = core::FreeGate;
 
 class BlockPool {
  public:
@@ -98,7 +81,11 @@ class BlockPool {
   // The size of the block Acquire(bytes) allocates; SIZE_MAX when it would wrap.
   size_t AllocationBytes(size_t bytes) const;
   absl::StatusOr<Block> Acquire(size_t bytes);
-  void Release(Block block);
+  void Release(Block block) noexcept;
+  // The budget that pays for idle bytes beyond the cap (see above); null:
+  // none (tests, tools). Call before the pool is used; `budget` outlives
+  // the pool, or is detached (null) before it ends.
+  void AttachBudget(core::MemoryBudget* budget);
 
   size_t max_cached_bytes() const { return max_cached_bytes_; }
   // Statistics (tests, diagnostics): allocations made so far, blocks freed
@@ -109,6 +96,8 @@ class BlockPool {
   size_t cached_blocks() const;
   size_t cached_bytes() const;
   size_t blocks_in_use() const;
+  uint64_t charged_bytes() const;  // idle bytes beyond the cap, charged
+  int64_t gated_allocations() const;
 
  private:
   const std::string name_;
@@ -119,10 +108,21 @@ class BlockPool {
   FreeGate* const gate_;
   mutable absl::Mutex mu_;
   std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);  // bytes -> block
+  // One map node per block in use, made by Acquire (which may throw), so
+  // that Release moves a node into idle_ instead of allocating one.
+  std::multimap<size_t, void*> spare_nodes_ ABSL_GUARDED_BY(mu_);
   size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t frees_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t gated_allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  core::MemoryBudget::Reservation excess_ ABSL_GUARDED_BY(mu_);
+
+  // Pops the next block to trim (largest first, never `keep`) while idle
+  // bytes exceed `target`; null when none.
+  void* PopForTrimLocked(size_t target, void* keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // excess_ = the idle bytes beyond the cap.
+  void SettleChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace tokensel::backends

@@ -38,15 +38,26 @@ BlockPool::FreeFn FreeDevice(int ordinal) {
   };
 }
 
+// FreeGate::Deferred functions: the argument is the device's ordinal.
+void CudaFreeOn(void* p, intptr_t ordinal) {
+  (void)cudaSetDevice(static_cast<int>(ordinal));
+  (void)cudaFree(p);
+  (void)cudaGetLastError();
+}
+void DestroyStreamOn(void* s, intptr_t ordinal) {
+  (void)cudaSetDevice(static_cast<int>(ordinal));
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  (void)cudaGetLastError();
+}
+
 class DeviceStaging final : public core::Backend::Staging {
  public:
-  DeviceStaging(int ordinal, void* data, uint64_t size)
-      : ordinal_(ordinal), data_(data), size_(size) {}
+  DeviceStaging(int ordinal, void* data, uint64_t size, FreeGate* gate)
+      : ordinal_(ordinal), data_(data), size_(size), gate_(gate) {}
+  // cudaFree may synchronize the device: through the gate (deferred while
+  // a stream waits on a client's event, free_gate.h).
   ~DeviceStaging() override {
-    if (data_ != nullptr) {
-      cudaSetDevice(ordinal_);
-      cudaFree(data_);
-    }
+    if (data_ != nullptr) gate_->FreeOrDefer({&CudaFreeOn, data_, ordinal_, size_});
   }
   void* data() const override { return data_; }
   uint64_t size() const override { return size_; }
@@ -56,6 +67,7 @@ class DeviceStaging final : public core::Backend::Staging {
   int ordinal_;
   void* data_;
   uint64_t size_;
+  FreeGate* gate_;
 };
 
 }  // namespace
@@ -85,6 +97,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
 CudaBackend::CudaBackend(core::DeviceDescription device)
     : device_(std::move(device)),
       label_(absl::StrCat("cuda:", device_.ordinal)),
+      streams_(
+          kMaxIdleStreams,
+          [this]() -> absl::StatusOr<void*> {
+            cudaStream_t s = nullptr;
+            RETURN_IF_ERROR(Checked(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                                    "cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"));
+            return static_cast<void*>(s);
+          },
+          &DestroyStreamOn, device_.ordinal, &free_gate_),
       workspaces_(
           "cuda backend: a workspace", kWorkspaceGranule, kMaxCachedWorkspaceBytes,
           [this](size_t bytes) { return AllocateDevice(bytes, "workspace"); },
@@ -175,14 +196,13 @@ absl::Status CudaBackend::WithFailure(absl::Status status) const {
 
 absl::Status CudaBackend::Init(int streams) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.ordinal));
-  absl::MutexLock lock(&mu_);
-  for (int i = 0; i < streams; ++i) {
-    cudaStream_t s = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    all_streams_.push_back(s);
-    free_streams_.push_back(s);
-  }
-  return absl::OkStatus();
+  return streams_.Init(streams);
+}
+
+void CudaBackend::AttachMemoryBudget(core::MemoryBudget* budget) {
+  workspaces_.AttachBudget(budget);
+  staging_.AttachBudget(budget);
+  pinned_.AttachBudget(budget);
 }
 
 CudaBackend::~CudaBackend() {
@@ -195,11 +215,14 @@ CudaBackend::~CudaBackend() {
   completions_.Shutdown();
   const std::vector<kc::Stream> stuck = completions_.abandoned_streams();
   cudaSetDevice(device_.ordinal);
-  absl::MutexLock lock(&mu_);
-  for (kc::Stream s : all_streams_) {
-    if (std::find(stuck.begin(), stuck.end(), s) == stuck.end()) cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
+  // Every stream but the abandoned ones is back and idle (a released stream
+  // has no work left).
+  streams_.DestroyIdle();
+  for (kc::Stream s : stuck) cudaStreamDestroy(s);  // no synchronization
+  // The frees deferred while streams waited on client events: the gate is
+  // open now unless a stream (this device's abandoned ones, another
+  // device's) still waits on a client event.
+  (void)free_gate_.DrainIfOpen();
   // The pools free their idle blocks as they are destroyed (no lease is
   // alive: a lease must not outlive its backend).
 }
@@ -224,27 +247,11 @@ absl::Status CudaBackend::Checked(int err, const char* call, absl::string_view w
 
 absl::StatusOr<kc::Stream> CudaBackend::AcquireStream() {
   RETURN_IF_ERROR(Activate("a request"));
-  {
-    absl::MutexLock lock(&mu_);
-    if (!free_streams_.empty()) {
-      const kc::Stream s = free_streams_.back();
-      free_streams_.pop_back();
-      return s;
-    }
-  }
-  // Every stream busy: grow the pool.
-  cudaStream_t s = nullptr;
-  RETURN_IF_ERROR(Checked(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-                          "cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"));
-  absl::MutexLock lock(&mu_);
-  all_streams_.push_back(s);
-  return s;
+  ASSIGN_OR_RETURN(void* const s, streams_.Acquire());
+  return static_cast<kc::Stream>(s);
 }
 
-void CudaBackend::ReleaseStream(kc::Stream stream) {
-  absl::MutexLock lock(&mu_);
-  free_streams_.push_back(stream);
-}
+void CudaBackend::ReleaseStream(kc::Stream stream) { streams_.Release(stream); }
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, uint64_t bytes,
                                        kc::Stream stream) {
@@ -354,7 +361,7 @@ absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateSta
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
   }
-  auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes);
+  auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes, &free_gate_);
   // cudaMemset of device memory is asynchronous and runs on the legacy
   // stream, which the ops' non-blocking streams do not wait for: without the
   // synchronization the zero fill could land after the kernel wrote the

@@ -22,7 +22,8 @@
 //    one block of each (RequestLease::StagingCost, both rounded, is what the
 //    executor reserves). Pinned memory is page-locked host memory taken from
 //    the node: in use it is bounded by the MemoryBudget (it is counted), idle
-//    by the cap.
+//    by the cap (beyond it, while the FreeGate is closed, charged to the
+//    budget: AttachMemoryBudget).
 // Blocks in use and cached thus stay below twice the bytes reserved by the
 // requests in flight plus the caps. The direct staging API (AllocateStaging,
 // Copy*: tests, tools) is separate: a cudaMalloc per call and synchronous
@@ -71,6 +72,7 @@
 #include "server/backends/completion_queue.h"
 #include "server/backends/ipc_event_cache.h"
 #include "server/backends/stream_lease.h"
+#include "server/backends/stream_pool.h"
 #include "server/core/backend.h"
 
 namespace tokensel::backends {
@@ -79,7 +81,9 @@ class CudaBackend final : public core::Backend, private StreamDevice {
  public:
   // NOT_FOUND when no device has `device_uuid` (or there is no device at
   // all); INTERNAL on CUDA errors. `streams` (>= 1) streams are created up
-  // front; more are created on demand when all are in use.
+  // front; more are created on demand when all are in use, and
+  // those returned while kMaxIdleStreams are idle are destroyed
+  // (stream_pool.h).
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(absl::string_view device_uuid,
                                                              int streams = 4);
   ~CudaBackend() override;
@@ -127,6 +131,13 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   const BlockPool& staging_pool() const { return staging_; }
   const BlockPool& pinned_pool() const { return pinned_; }
 
+  // The pools' idle bytes beyond their caps (while frees wait on the
+  // FreeGate) are charged to `budget` (block_pool.h); null detaches it.
+  void AttachMemoryBudget(core::MemoryBudget* budget) override;
+  const StreamPool& stream_pool() const { return streams_; }
+
+  // Idle streams kept for reuse at least (stream_pool.h).
+  static constexpr size_t kMaxIdleStreams = 16;
   // Idle workspace bytes the pool keeps for reuse; Release frees beyond it.
   static constexpr size_t kMaxCachedWorkspaceBytes = size_t{256} << 20;
   // Idle bytes each staging pool (device, pinned host) keeps for reuse.
@@ -191,12 +202,11 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   std::atomic<bool> failed_{false};  // a sticky error was seen; never reset
   mutable absl::Mutex failure_mu_;
   std::string failure_ ABSL_GUARDED_BY(failure_mu_);  // which error, where
-  mutable absl::Mutex mu_;
-  std::vector<kernels::cuda::Stream> all_streams_ ABSL_GUARDED_BY(mu_);
-  std::vector<kernels::cuda::Stream> free_streams_ ABSL_GUARDED_BY(mu_);
   // Closed while a stream waits on a client's event: the pools then do not
-  // free (block_pool.h). Outlives them.
-  FreeGate free_gate_;
+  // free, other frees are deferred (free_gate.h). The process's: it also
+  // gates the mappers' teardown, and outlives everything.
+  FreeGate& free_gate_ = FreeGate::Process();
+  StreamPool streams_;
   // Destroyed before the members above (their free functions read nothing
   // of this object but the ordinal they captured).
   BlockPool workspaces_;

@@ -162,6 +162,10 @@ void MultiDeviceBackend::AbandonPendingWork() {
   for (const Device& d : devices_) d.backend->AbandonPendingWork();
 }
 
+void MultiDeviceBackend::AttachMemoryBudget(core::MemoryBudget* budget) {
+  for (const Device& d : devices_) d.backend->AttachMemoryBudget(budget);
+}
+
 absl::StatusOr<std::unique_ptr<core::Backend::Staging>> MultiDeviceBackend::AllocateStaging(
     uint64_t bytes) {
   absl::StatusOr<core::Backend*> only = Only("AllocateStaging");

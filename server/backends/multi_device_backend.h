@@ -81,8 +81,9 @@ class MultiDeviceBackend final : public core::Backend {
   absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
                                                                  const core::IpcEvents& events,
                                                                  bool async) override;
-  void EndSession(const std::string& session) override;  // every device's
-  void AbandonPendingWork() override;                    // every device's
+  void EndSession(const std::string& session) override;          // every device's
+  void AbandonPendingWork() override;                            // every device's
+  void AttachMemoryBudget(core::MemoryBudget* budget) override;  // every device's
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override;
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;
   absl::Status CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) override;

@@ -37,6 +37,18 @@ std::unique_ptr<StreamLease> StreamLease::OnChain(StreamDevice* device, StreamPo
 
 namespace {
 
+// A drain on a release path (a destructor, possibly while unwinding): it
+// must not throw. The device layer synchronizes the stream before it
+// formats any error (CudaBackend::Drain), so a std::bad_alloc from the
+// message leaves the stream drained all the same; it is swallowed here,
+// the message being only for an op that has failed already.
+void DrainOnRelease(StreamDevice* device, StreamDevice::Stream stream) noexcept {
+  try {
+    (void)device->Drain(stream, absl::OkStatus());
+  } catch (...) {
+  }
+}
+
 // The workspace of one RunOp, back to its pool when RunOp leaves by any
 // path, an exception included (Finish allocates host memory to format a
 // bad-data message): after a drain of the stream unless RunOp marked it
@@ -49,8 +61,8 @@ class WorkspaceGuard {
   WorkspaceGuard(const WorkspaceGuard&) = delete;
   WorkspaceGuard& operator=(const WorkspaceGuard&) = delete;
   ~WorkspaceGuard() {
-    if (!synchronized_) (void)device_->Drain(stream_, absl::OkStatus());
-    pool_->Release(block_);
+    if (!synchronized_) DrainOnRelease(device_, stream_);
+    pool_->Release(block_);  // never throws
   }
   void MarkSynchronized() { synchronized_ = true; }
 
@@ -84,7 +96,9 @@ StreamLease::~StreamLease() {
   // ends early: their blocks go back to the pools only once they are done,
   // or the next request would share memory with them. (A sync chain's
   // leases begin only after the host saw the client's wait complete.)
-  if (queued_) (void)device_->Drain(stream_, absl::OkStatus());
+  // Nothing below throws (issue 12): the drain's error message is swallowed,
+  // the pools' and the stream pool's releases allocate nothing.
+  if (queued_) DrainOnRelease(device_, stream_);
   for (LeaseSink::PendingOp& op : pending_) pools_.workspaces->Release(op.workspace);
   for (Entry& e : entries_) {
     pools_.pinned->Release(e.pinned);

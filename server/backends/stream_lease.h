@@ -38,7 +38,8 @@
 // and the stream are returned on every path, std::bad_alloc included (the
 // gRPC handler catches it and the server carries on): each block is owned by
 // the lease from the moment it is taken, and RunOp's workspace by a guard
-// that drains before giving it back.
+// that drains before giving it back. The release paths never throw (the
+// pools' and the stream pool's releases allocate nothing; see Drain).
 // RunOp may run once per lease (a second call is FAILED_PRECONDITION).
 //
 // On a chain (StreamChain, stream_chain.h: an Execute with CUDA IPC events)
@@ -94,7 +95,9 @@ class StreamDevice {
   virtual absl::Status Finish(core::OpArgs args, kernels::cuda::Workspace ws, Stream stream) = 0;
   // Synchronizes `stream` after a failure (or before work still queued is
   // abandoned) and returns `status`, marked when the drain itself found the
-  // device out of service.
+  // device out of service. The synchronization comes before anything that
+  // may throw (formatting the message): the lease's destructor swallows a
+  // std::bad_alloc from it, the stream drained.
   virtual absl::Status Drain(Stream stream, absl::Status status) = 0;
   // UNAVAILABLE once the device is out of service (checked before RunOp).
   virtual absl::Status CheckUsable() const = 0;

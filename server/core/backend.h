@@ -27,6 +27,8 @@
 
 namespace tokensel::core {
 
+class MemoryBudget;
+
 struct DeviceDescription {
   int ordinal = 0;
   std::string uuid;
@@ -270,6 +272,10 @@ class Backend {
   // completes) and what its work may still use is leaked; the backend's
   // completion thread ends, so the process can exit. Nothing is destroyed.
   virtual void AbandonPendingWork() {}
+  // The budget that pays for memory the backend keeps beyond its caches'
+  // bounds (CUDA: idle pool blocks beyond a cap while frees wait on the
+  // FreeGate, free_gate.h); null detaches it (before the budget ends).
+  virtual void AttachMemoryBudget(MemoryBudget* /*budget*/) {}
 
   // Memory for inline tensors, accessible to Run: aligned host memory on the
   // CPU, device memory on CUDA. Copies are synchronous. A direct API (tests,

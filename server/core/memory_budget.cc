@@ -20,15 +20,16 @@ uint64_t MemoryBudget::used_bytes() const {
 }
 
 absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view what) {
-  // held <= per_request_bytes_ always: no overflow below.
-  if (bytes > per_request_bytes_ - held) {
+  // held <= per_request_bytes_ unless GrowPastBounds went beyond it.
+  if (held > per_request_bytes_ || bytes > per_request_bytes_ - held) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, ": needs ", bytes, " bytes of server memory (", held,
                      " already held by this request), above the per-request limit of ",
                      per_request_bytes_, " (--max_request_memory_bytes)"));
   }
   tokensel::MutexLock lock(&mu_);
-  if (bytes > total_bytes_ - used_) {
+  // used_ may exceed the total after a GrowPastBounds.
+  if (used_ > total_bytes_ || bytes > total_bytes_ - used_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": needs ", bytes, " bytes of server memory, but requests in flight hold ", used_,
         " of the server's ", total_bytes_, " (--memory_budget_bytes); retry later"));
@@ -41,6 +42,12 @@ absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view
 void MemoryBudget::Give(uint64_t bytes) {
   tokensel::MutexLock lock(&mu_);
   used_ -= std::min(bytes, used_);
+  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+}
+
+void MemoryBudget::Force(uint64_t bytes) noexcept {
+  tokensel::MutexLock lock(&mu_);
+  used_ = bytes > UINT64_MAX - used_ ? UINT64_MAX : used_ + bytes;
   if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
 }
 
@@ -68,6 +75,12 @@ absl::Status MemoryBudget::Reservation::Grow(uint64_t bytes, absl::string_view w
   }
   bytes_ = bytes > UINT64_MAX - bytes_ ? UINT64_MAX : bytes_ + bytes;  // saturates unbound
   return absl::OkStatus();
+}
+
+void MemoryBudget::Reservation::GrowPastBounds(uint64_t bytes) noexcept {
+  if (bytes == 0) return;
+  if (budget_ != nullptr) budget_->Force(bytes);
+  bytes_ = bytes > UINT64_MAX - bytes_ ? UINT64_MAX : bytes_ + bytes;
 }
 
 void MemoryBudget::Reservation::Shrink(uint64_t bytes) {

@@ -47,6 +47,12 @@ class MemoryBudget {
     // "scratch of TopKTokens", ...). RESOURCE_EXHAUSTED, reserving nothing,
     // when the request or the server would go over its bound.
     absl::Status Grow(uint64_t bytes, absl::string_view what);
+    // Adds `bytes` even beyond the bounds: memory that exists already and
+    // cannot be returned now (a BlockPool's idle blocks beyond its cap
+    // while frees wait, block_pool.h). Never fails, never throws; until it
+    // is given back, every Grow finds that much less room (and fails while
+    // the server is over its bound).
+    void GrowPastBounds(uint64_t bytes) noexcept;
     // Gives `bytes` (at most what is held) back.
     void Shrink(uint64_t bytes);
     uint64_t bytes() const { return bytes_; }
@@ -70,6 +76,7 @@ class MemoryBudget {
  private:
   absl::Status Take(uint64_t held, uint64_t bytes, absl::string_view what);
   void Give(uint64_t bytes);
+  void Force(uint64_t bytes) noexcept;
 
   const uint64_t total_bytes_;
   const uint64_t per_request_bytes_;

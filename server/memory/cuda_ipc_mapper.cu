@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/device.h"
+#include "server/core/free_gate.h"
 
 namespace tokensel::memory {
 namespace {
@@ -99,18 +100,28 @@ struct CudaIpcMapper::State {
     if (it != opened.end() && --it->second.refs == 0) CloseLocked(it);
   }
 
-  // Closes the handle and forgets it. Requires `mu`.
+  // Forgets the handle and closes it. Requires `mu`. cudaIpcCloseMemHandle
+  // may synchronize the device, so it goes through the process's FreeGate
+  // (server/core/free_gate.h): deferred while a stream waits on a client's
+  // event (the last region may go on a backend's completion thread, or on
+  // a request thread). A Map of the same handle before a deferred close ran
+  // opens it anew (the driver may refuse that: the Map then fails; not
+  // verified on a device).
   void CloseLocked(Table::iterator it) {
-    {
-      auto scope = ScopedDevice::Enter(it->second.device);
-      if (!scope.ok()) TS_LOG(ERROR) << "closing a cuda_ipc handle: " << scope.status();
-      const cudaError_t err = cudaIpcCloseMemHandle(it->second.base);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        TS_LOG(ERROR) << "cudaIpcCloseMemHandle: " << cudaGetErrorString(err);
-      }
-    }
+    const Opened closing = it->second;
     opened.erase(it);
+    core::FreeGate::Process().FreeOrDefer({&Close, closing.base, closing.device, 0});
+  }
+
+  // A FreeGate::Deferred function: `base` was opened on device `device`.
+  static void Close(void* base, intptr_t device) {
+    auto scope = ScopedDevice::Enter(static_cast<int>(device));
+    if (!scope.ok()) TS_LOG(ERROR) << "closing a cuda_ipc handle: " << scope.status();
+    const cudaError_t err = cudaIpcCloseMemHandle(base);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      TS_LOG(ERROR) << "cudaIpcCloseMemHandle: " << cudaGetErrorString(err);
+    }
   }
 
   std::mutex mu;

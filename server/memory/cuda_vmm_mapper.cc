@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <variant>
@@ -20,6 +21,7 @@
 #include "common/errno_string.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/core/free_gate.h"
 #include "server/memory/file_type.h"
 
 namespace tokensel::memory {
@@ -72,11 +74,33 @@ class MappingGuard {
   Mapping* m_;
 };
 
+// A FreeGate::Deferred function: undoes and deletes the Mapping at `m`.
+void UndoLater(void* m, intptr_t /*unused*/) {
+  std::unique_ptr<Mapping> mapping(static_cast<Mapping*>(m));
+  mapping->Undo();
+}
+
 class VmmRegion final : public core::MappedRegion {
  public:
   VmmRegion(Mapping mapping, uint64_t offset, uint64_t size, std::string uuid)
       : mapping_(std::move(mapping)), offset_(offset), size_(size), uuid_(std::move(uuid)) {}
-  ~VmmRegion() override { mapping_.Undo(); }
+  // cuMemUnmap / cuMemRelease may synchronize the device: through the
+  // process's FreeGate (server/core/free_gate.h), deferred while a stream
+  // waits on a client's event; its bytes stay counted against
+  // max_mapped_bytes until then. The driver outlives the deferral (the
+  // real one is never destroyed). Should the copy fail to allocate, the
+  // mapping is undone now.
+  ~VmmRegion() override {
+    std::unique_ptr<Mapping> later(new (std::nothrow) Mapping(std::move(mapping_)));
+    if (later == nullptr) {
+      mapping_.Undo();
+      return;
+    }
+    const uint64_t bytes = later->counted_bytes;
+    // Owned by the entry from here: UndoLater deletes it (a dropped entry,
+    // beyond the gate's bound, leaks it: free_gate.h).
+    core::FreeGate::Process().FreeOrDefer({&UndoLater, later.release(), 0, bytes});
+  }  // NOLINT(clang-analyzer-cplusplus.NewDeleteLeaks): the entry owns it
   VmmRegion(const VmmRegion&) = delete;
   VmmRegion& operator=(const VmmRegion&) = delete;
 

@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/core/buffer_registry.h"
+#include "server/core/free_gate.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::memory {
@@ -224,6 +225,26 @@ TEST_F(CudaVmmMapperTest, MapsFromOffsetZeroInWholeGranulesOnTheNamedDevice) {
     driver_.calls.clear();
   }
   // Destroying the region gives back everything, in reverse order.
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_THAT(driver_.calls, ::testing::ElementsAre("unmap", "free", "release"));
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
+// cuMemUnmap / cuMemRelease may synchronize the device: while a stream
+// waits on a client's event (the process's FreeGate closed) the region's
+// teardown is deferred, its bytes still counted, until the gate opens.
+TEST_F(CudaVmmMapperTest, TeardownWaitsForTheFreeGate) {
+  core::FdRegionSpec spec = Allocation(4 * kMiB, 0, 0, kMiB, kGpu0);
+  auto region = mapper_.Map(spec);
+  ASSERT_TRUE(region.ok()) << region.status();
+  driver_.calls.clear();
+  core::FreeGate& gate = core::FreeGate::Process();
+  gate.Enter();
+  region->reset();
+  EXPECT_TRUE(driver_.calls.empty());
+  EXPECT_EQ(driver_.mapped.size(), 1u);
+  EXPECT_EQ(gate.deferred(), 1u);
+  gate.Leave();
   EXPECT_TRUE(driver_.Clean());
   EXPECT_THAT(driver_.calls, ::testing::ElementsAre("unmap", "free", "release"));
   EXPECT_EQ(driver_.bad_calls, 0);
