@@ -17,8 +17,16 @@ BlockPool::BlockPool(std::string name, size_t granule, size_t max_cached_bytes, 
       gate_(gate) {}
 
 BlockPool::~BlockPool() {
+  // A backend destroyed while a stream still waits on a client's event (its
+  // completion queue abandoned it: tests, tools; the server leaks its
+  // backend instead) must not free: cudaFree would synchronize behind that
+  // wait for ever. The idle blocks are leaked then.
+  const bool may_free = gate_ == nullptr || gate_->BeginFree();
   absl::MutexLock lock(&mu_);
-  for (const auto& [bytes, data] : idle_) free_(data);
+  if (may_free) {
+    for (const auto& [bytes, data] : idle_) free_(data);
+  }
+  if (gate_ != nullptr && may_free) gate_->EndFree();
   idle_.clear();
   idle_bytes_ = 0;
   SettleChargeLocked();

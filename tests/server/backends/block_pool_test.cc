@@ -143,5 +143,28 @@ TEST(BlockPoolTest, NothingIsFreedWhileTheGateIsClosed) {
   EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
 }
 
+// A pool destroyed while a stream waits on a client event (a backend torn
+// down with abandoned work) leaks its idle blocks: cudaFree would wait
+// behind that event for ever. With the gate open it frees them.
+TEST(BlockPoolTest, ADestroyedPoolFreesNothingWhileTheGateIsClosed) {
+  static char arena[4][1024];  // never heap: the closed case leaks on purpose
+  for (const bool closed : {true, false}) {
+    backends::FreeGate gate;
+    int next = 0, frees = 0;
+    {
+      BlockPool pool(
+          "pool", 1024, 1 << 20,
+          [&](size_t) -> absl::StatusOr<void*> { return static_cast<void*>(arena[next++]); },
+          [&](void*) { ++frees; }, &gate);
+      std::vector<BlockPool::Block> blocks;
+      for (int i = 0; i < 3; ++i) blocks.push_back(*pool.Acquire(1000));
+      for (const BlockPool::Block& b : blocks) pool.Release(b);
+      if (closed) gate.Enter();
+    }
+    EXPECT_EQ(frees, closed ? 0 : 3) << (closed ? "closed" : "open");
+    if (closed) gate.Leave();
+  }
+}
+
 }  // namespace
 }  // namespace tokensel::testing
