@@ -103,11 +103,11 @@ absl::StatusOr<std::vector<Piece>> PiecesOf(const core::FdRegionSpec& spec) {
 
 // Imports `piece` into `seg` and checks where the allocation lives and its
 // granularity against what the piece declares. Returns the granularity.
-absl::StatusOr<uint64_t> ImportOne(CudaVmmDriver* driver_, const Piece& piece,
+absl::StatusOr<uint64_t> ImportOne(CudaVmmDriver* driver, const Piece& piece,
                                    const std::vector<VmmDevice>& devices, const VmmDevice& device,
                                    VmmMappedSegment& seg) {
   const int ordinal = device.ordinal;
-  if (Result r = driver_->Import(ordinal, piece.fd->get(), &seg.handle);
+  if (Result r = driver->Import(ordinal, piece.fd->get(), &seg.handle);
       r != CudaVmmDriver::kSuccess) {
     // Whatever the driver's reason: the descriptor passed the type check
     // (an NVIDIA node), so it is the client's descriptor that does not
@@ -115,14 +115,14 @@ absl::StatusOr<uint64_t> ImportOne(CudaVmmDriver* driver_, const Piece& piece,
     // on a device this process cannot use, ...), not a server fault.
     return absl::InvalidArgumentError(absl::StrCat(
         piece.field, ": the driver cannot import the descriptor as a CUDA VMM allocation on ",
-        device.uuid, " (cuMemImportFromShareableHandle: ", driver_->ErrorName(r),
+        device.uuid, " (cuMemImportFromShareableHandle: ", driver->ErrorName(r),
         "); pass the descriptor of cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)"));
   }
   seg.imported = true;
 
   VmmLocation location;
-  if (Result r = driver_->Location(ordinal, seg.handle, &location); r != CudaVmmDriver::kSuccess) {
-    return DriverError(driver_, "cuMemGetAllocationPropertiesFromHandle", r);
+  if (Result r = driver->Location(ordinal, seg.handle, &location); r != CudaVmmDriver::kSuccess) {
+    return DriverError(driver, "cuMemGetAllocationPropertiesFromHandle", r);
   }
   if (!location.on_device) {
     return absl::FailedPreconditionError(
@@ -140,9 +140,9 @@ absl::StatusOr<uint64_t> ImportOne(CudaVmmDriver* driver_, const Piece& piece,
   }
 
   uint64_t granularity = 0;
-  if (Result r = driver_->Granularity(ordinal, seg.handle, &granularity);
+  if (Result r = driver->Granularity(ordinal, seg.handle, &granularity);
       r != CudaVmmDriver::kSuccess) {
-    return DriverError(driver_, "cuMemGetAllocationGranularity", r);
+    return DriverError(driver, "cuMemGetAllocationGranularity", r);
   }
   if (granularity == 0) granularity = 1;
   if (piece.declared % granularity != 0) {
@@ -160,20 +160,20 @@ absl::StatusOr<uint64_t> ImportOne(CudaVmmDriver* driver_, const Piece& piece,
 
 // cuMemMap refused `piece`. Not checked here which of the causes it is:
 // the driver says nothing of an imported allocation's size.
-absl::Status MapError(CudaVmmDriver* driver_, const Piece& piece, uint64_t length, uint64_t offset,
+absl::Status MapError(CudaVmmDriver* driver, const Piece& piece, uint64_t length, uint64_t offset,
                       uint64_t size, Result r) {
-  if (r != CudaVmmDriver::kInvalidValue) return DriverError(driver_, "cuMemMap", r);
+  if (r != CudaVmmDriver::kInvalidValue) return DriverError(driver, "cuMemMap", r);
   if (piece.field != "fd") {
     return absl::InvalidArgumentError(
         absl::StrCat("cuMemMap refused to map ", length, " bytes of ", piece.field,
-                     " (its allocation_size ", piece.declared, "): ", driver_->ErrorName(r),
+                     " (its allocation_size ", piece.declared, "): ", driver->ErrorName(r),
                      "; the allocation may be smaller than its stated allocation_size"));
   }
   const uint64_t end = offset + size;
   return absl::InvalidArgumentError(absl::StrCat(
       "cuMemMap refused to map ", length, " bytes from the start of the allocation (fd.offset ",
       offset, " + fd.size ", size, " = ", end, ", fd.allocation_size ", piece.declared,
-      "): ", driver_->ErrorName(r),
+      "): ", driver->ErrorName(r),
       piece.declared != 0
           ? "; fd.allocation_size or fd.offset + fd.size may exceed the allocation"
           : "; fd.offset + fd.size may exceed the allocation, or the driver does not map "

@@ -114,6 +114,15 @@ def is_open(fd):
         return False
 
 
+@pytest.fixture
+def vmm_client(client):
+    """`client`, believing the server takes cuda_vmm (the CPU test server does
+    not): the descriptors and the registration then reach it."""
+    client.server_info.memory_kinds.append("cuda_vmm")
+    yield client
+    client.server_info.memory_kinds.remove("cuda_vmm")
+
+
 def test_plan_follows_the_legacy_ipc_attribute():
     assert cuda_vmm.plan(FakeDriver(legacy=True), 0x1000) == cuda_vmm.LEGACY_IPC
     assert cuda_vmm.plan(FakeDriver(legacy=False), 0x1000) == cuda_vmm.VMM
@@ -426,7 +435,8 @@ def test_more_allocations_than_the_limit_are_refused_before_exporting_more(monke
         os.close(fd)
 
 
-def test_the_registration_of_several_allocations_carries_ordered_segments(client, monkeypatch):
+def test_the_registration_of_several_allocations_carries_ordered_segments(vmm_client,
+                                                                         monkeypatch):
     # Through the fd channel of the real (CPU) server: every descriptor gets
     # its own ticket, in order, and the server refuses them on arrival; the
     # client then closes all of them.
@@ -438,33 +448,25 @@ def test_the_registration_of_several_allocations_carries_ordered_segments(client
         return real_send(channel, session, fd, **kwargs)
 
     monkeypatch.setattr(fd_channel, "send_fd", spy)
-    client.server_info.memory_kinds.append("cuda_vmm")
     drv = FakeDriver(chunks=CHUNKS)
-    try:
-        with pytest.raises(tokensel.FailedPreconditionError, match="cuda_vmm: "):
-            client.register_cuda_pointer(drv.base + MIB, 50 * MIB, driver=drv)
-    finally:
-        client.server_info.memory_kinds.remove("cuda_vmm")
+    with pytest.raises(tokensel.FailedPreconditionError, match="cuda_vmm: "):
+        vmm_client.register_cuda_pointer(drv.base + MIB, 50 * MIB, driver=drv)
     assert sent == drv.exported[:1]  # refused at the first descriptor
     assert len(drv.exported) == 3 and all(not is_open(fd) for fd in drv.exported)
-    assert client.list_buffers() == []
+    assert vmm_client.list_buffers() == []
 
 
-def test_the_request_lists_the_segments_in_order(client, monkeypatch):
+def test_the_request_lists_the_segments_in_order(vmm_client, monkeypatch):
     sent = []
 
     def capture(name, request, address, size, device, owner, fd=None):
         sent.append((request, fd))
         raise tokensel.CudaUnavailableError("captured")
 
-    monkeypatch.setattr(client, "_register", capture)
-    client.server_info.memory_kinds.append("cuda_vmm")
+    monkeypatch.setattr(vmm_client, "_register", capture)
     drv = FakeDriver(chunks=CHUNKS)
-    try:
-        with pytest.raises(tokensel.CudaUnavailableError, match="captured"):
-            client.register_cuda_pointer(drv.base + MIB, 45 * MIB, driver=drv)
-    finally:
-        client.server_info.memory_kinds.remove("cuda_vmm")
+    with pytest.raises(tokensel.CudaUnavailableError, match="captured"):
+        vmm_client.register_cuda_pointer(drv.base + MIB, 45 * MIB, driver=drv)
     request, fds = sent[0]
     passed = request.fd
     assert (passed.offset, passed.size, passed.device_uuid) == (MIB, 45 * MIB, UUID)
