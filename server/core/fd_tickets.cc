@@ -81,6 +81,42 @@ absl::StatusOr<FdTickets::Redeemed> FdTickets::Redeem(const std::string& session
   return out;
 }
 
+absl::StatusOr<std::vector<FdTickets::Redeemed>> FdTickets::RedeemAll(
+    const std::string& session_id, const std::vector<std::string>& tickets,
+    absl::string_view field) {
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (tickets[j] == tickets[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, "[", i, "].ticket is ", field, "[", j,
+                         "].ticket again (each descriptor is one allocation, mapped once)"));
+      }
+    }
+  }
+  tokensel::MutexLock lock(&mu_);
+  const absl::Time now = clock_();
+  for (size_t i = 0; i < tickets.size(); ++i) {  // all checked before any is used up
+    auto it = tickets_.find(tickets[i]);
+    if (it == tickets_.end() || it->second.session != session_id || it->second.expires <= now) {
+      return absl::NotFoundError(absl::StrCat(
+          field, "[", i,
+          "].ticket: no such ticket in this session (tickets are single-use and "
+          "expire after ",
+          absl::FormatDuration(limits_.ttl), "; send the descriptor on the fd channel again)"));
+    }
+  }
+  std::vector<Redeemed> out;
+  out.reserve(tickets.size());
+  for (const std::string& ticket : tickets) {
+    auto it = tickets_.find(ticket);
+    out.push_back(Redeemed{std::move(it->second.fd), it->second.kind});
+    auto count = per_session_.find(session_id);
+    if (count != per_session_.end() && --count->second == 0) per_session_.erase(count);
+    tickets_.erase(it);
+  }
+  return out;
+}
+
 void FdTickets::DropSession(const std::string& session_id) {
   std::vector<std::shared_ptr<const UniqueFd>> dropped;  // closed outside the lock
   tokensel::MutexLock lock(&mu_);

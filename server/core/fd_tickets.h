@@ -27,8 +27,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/unique_fd.h"
@@ -39,7 +41,9 @@
 namespace tokensel::core {
 
 struct FdTicketLimits {
-  uint32_t max_per_session = 16;
+  // >= kMaxVmmSegments: a buffer of that many VMM allocations needs as
+  // many tickets waiting at once.
+  uint32_t max_per_session = kMaxVmmSegments;
   uint32_t max_total = 1024;
   absl::Duration ttl = absl::Seconds(30);
 };
@@ -67,6 +71,15 @@ class FdTickets final : public FdReceiver {
   // the session holds no such ticket (unknown, expired, redeemed already or
   // issued to another session).
   absl::StatusOr<Redeemed> Redeem(const std::string& session_id, const std::string& ticket);
+
+  // RedeemAll: the descriptors behind `tickets` (PassedFd.segments), in
+  // order, all or none: the request is checked whole before any ticket is
+  // used up. INVALID_ARGUMENT when a ticket appears twice (each descriptor
+  // maps once), NOT_FOUND as Redeem for the first unknown one; both name
+  // `field`[i].ticket.
+  absl::StatusOr<std::vector<Redeemed>> RedeemAll(const std::string& session_id,
+                                                  const std::vector<std::string>& tickets,
+                                                  absl::string_view field);
 
   // Drops the tickets of an ended session.
   void DropSession(const std::string& session_id);

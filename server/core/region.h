@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -21,6 +22,19 @@ enum class MemoryKind : uint8_t { kHost, kCudaDevice };
 // (fd_channel.h): [offset, offset + size) of the object behind `fd`. There is
 // deliberately no spec that names memory: the server never opens an object
 // with its own rights on a client's behalf.
+// One physical allocation of a CUDA VMM buffer that spans several
+// (FdRegionSpec::segments; PassedFd.segments).
+struct VmmSegmentSpec {
+  std::shared_ptr<const UniqueFd> fd;
+  uint64_t allocation_size = 0;  // > 0: the allocation's size as the client states it
+};
+
+// The most allocations one VMM buffer may span (PassedFd.segments). Each
+// needs an fd ticket waiting at registration, so the fd channel's
+// per-session ticket limit (FdTicketLimits::max_per_session) is at least
+// this. 128 PyTorch large-pool chunks of 20 MiB are 2.5 GiB.
+inline constexpr size_t kMaxVmmSegments = 128;
+
 struct FdRegionSpec {
   std::shared_ptr<const UniqueFd> fd;
   FdKind kind = FdKind::kHostMemory;
@@ -32,6 +46,11 @@ struct FdRegionSpec {
   // kCudaVmm: the whole allocation's size as the client states it (0 =
   // unknown); must be 0 for host memory.
   uint64_t allocation_size = 0;
+  // kCudaVmm only, when the buffer spans several allocations: mapped back to
+  // back in this order, and [offset, offset + size) counts from the first
+  // one's start. When set, `fd` is null and `allocation_size` 0 (the
+  // segments supersede them); empty for the single-allocation form.
+  std::vector<VmmSegmentSpec> segments;
 };
 
 struct CudaIpcSpec {

@@ -135,17 +135,68 @@ absl::Status Handlers::Register(const std::string& session,
     if (deps_.tickets == nullptr) {
       return absl::FailedPreconditionError("fd: this server takes no file descriptors");
     }
-    ASSIGN_OR_RETURN(core::FdTickets::Redeemed redeemed,
-                     deps_.tickets->Redeem(session, request.fd().ticket()));
-    spec = core::FdRegionSpec{std::move(redeemed.fd),     redeemed.kind,
-                              request.fd().offset(),      request.fd().size(),
-                              request.fd().device_uuid(), request.fd().allocation_size()};
+    if (request.fd().segments_size() > 0) {
+      ASSIGN_OR_RETURN(spec, VmmSegmentsFromProto(session, request.fd()));
+    } else {
+      ASSIGN_OR_RETURN(core::FdTickets::Redeemed redeemed,
+                       deps_.tickets->Redeem(session, request.fd().ticket()));
+      spec = core::FdRegionSpec{std::move(redeemed.fd),     redeemed.kind,
+                                request.fd().offset(),      request.fd().size(),
+                                request.fd().device_uuid(), request.fd().allocation_size()};
+    }
   } else {
     ASSIGN_OR_RETURN(spec, RegionFromProto(request));
   }
   ASSIGN_OR_RETURN(core::BufferInfo info, deps_.registry->Register(session, request.name(), spec));
   BufferInfoToProto(info, response->mutable_buffer());
   return absl::OkStatus();
+}
+
+// PassedFd.segments: every check that needs no descriptor comes before any
+// ticket is used up (RedeemAll then takes all or none), so a malformed
+// request leaves the caller's tickets waiting. The mapper checks the rest
+// (sizes, sums, the allocations themselves) before it maps anything.
+absl::StatusOr<core::FdRegionSpec> Handlers::VmmSegmentsFromProto(const std::string& session,
+                                                                  const v1::PassedFd& fd) const {
+  if (!fd.ticket().empty() || fd.allocation_size() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd.segments supersedes fd.ticket and fd.allocation_size, which must be "
+                     "empty / 0 with it (got fd.ticket \"",
+                     fd.ticket().size() > 40 ? fd.ticket().substr(0, 40) + "..." : fd.ticket(),
+                     "\", fd.allocation_size ", fd.allocation_size(), ")"));
+  }
+  if (static_cast<size_t>(fd.segments_size()) > core::kMaxVmmSegments) {
+    return absl::InvalidArgumentError(absl::StrCat("fd.segments has ", fd.segments_size(),
+                                                   " entries; a buffer spans at most ",
+                                                   core::kMaxVmmSegments, " allocations"));
+  }
+  std::vector<std::string> tickets;
+  tickets.reserve(static_cast<size_t>(fd.segments_size()));
+  for (int i = 0; i < fd.segments_size(); ++i) {
+    if (fd.segments(i).allocation_size() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fd.segments[", i, "].allocation_size must be > 0, got 0"));
+    }
+    tickets.push_back(fd.segments(i).ticket());
+  }
+  ASSIGN_OR_RETURN(std::vector<core::FdTickets::Redeemed> redeemed,
+                   deps_.tickets->RedeemAll(session, tickets, "fd.segments"));
+  core::FdRegionSpec spec;
+  spec.kind = core::FdKind::kCudaVmm;
+  spec.offset = fd.offset();
+  spec.size = fd.size();
+  spec.device_uuid = fd.device_uuid();
+  for (size_t i = 0; i < redeemed.size(); ++i) {
+    if (redeemed[i].kind != core::FdKind::kCudaVmm) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fd.segments[", i,
+                       "].ticket names a FD_KIND_HOST_MEMORY descriptor; segments are CUDA VMM "
+                       "allocations (FD_KIND_CUDA_VMM)"));
+    }
+    spec.segments.push_back(core::VmmSegmentSpec{
+        std::move(redeemed[i].fd), fd.segments(static_cast<int>(i)).allocation_size()});
+  }
+  return spec;
 }
 
 absl::Status Handlers::Unregister(const std::string& session,

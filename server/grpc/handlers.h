@@ -102,14 +102,19 @@ class Handlers {
   // backend of this build supports CUDA IPC events).
   absl::Status Execute(const std::string& session, const v1::ExecuteRequest& request,
                        v1::ExecuteResponse* response, const core::RunOptions& options) const;
-  // `fd`: redeems the ticket (FdTickets) and maps the descriptor; cuda_ipc:
-  // as converted; host_shm by name: PERMISSION_DENIED.
+  // `fd`: redeems the ticket (FdTickets) and maps the descriptor, or, with
+  // fd.segments, all the segments' tickets (all or none) and maps them as
+  // one CUDA VMM buffer; cuda_ipc: as converted; host_shm by name:
+  // PERMISSION_DENIED.
   absl::Status Register(const std::string& session, const v1::RegisterBufferRequest& request,
                         v1::RegisterBufferResponse* response) const;
   absl::Status Unregister(const std::string& session,
                           const v1::UnregisterBufferRequest& request) const;
 
  private:
+  absl::StatusOr<core::FdRegionSpec> VmmSegmentsFromProto(const std::string& session,
+                                                          const v1::PassedFd& fd) const;
+
   const ServiceDeps deps_;
 };
 

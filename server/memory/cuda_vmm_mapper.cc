@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/core/free_gate.h"
+#include "server/memory/cuda_vmm_mapping.h"
 #include "server/memory/file_type.h"
 
 namespace tokensel::memory {
@@ -30,59 +32,23 @@ namespace {
 using Result = CudaVmmDriver::Result;
 using Handle = CudaVmmDriver::Handle;
 
-// The acquired parts of one mapping, released in reverse order by Undo():
-// the one cleanup of every error path and of the region's destructor.
-struct Mapping {
-  CudaVmmDriver* driver = nullptr;
-  int device = 0;
-  Handle handle = 0;
-  bool imported = false;
-  uint64_t va = 0;
-  uint64_t length = 0;
-  bool reserved = false;
-  bool mapped = false;
-  std::shared_ptr<std::atomic<uint64_t>> counted;  // holds `length` of the cap
-  uint64_t counted_bytes = 0;
-
-  void Undo() {
-    if (mapped) Log("cuMemUnmap", driver->Unmap(device, va, length));
-    if (reserved) Log("cuMemAddressFree", driver->Free(device, va, length));
-    if (imported) Log("cuMemRelease", driver->Release(device, handle));
-    if (counted != nullptr) counted->fetch_sub(counted_bytes);
-    counted = nullptr;
-    mapped = reserved = imported = false;
-  }
-  void Log(absl::string_view what, Result r) const {
-    if (r != CudaVmmDriver::kSuccess) {
-      TS_LOG(ERROR) << what << " of a cuda_vmm region: " << driver->ErrorName(r);
-    }
-  }
+// One allocation as the spec gives it: the single form's fd and
+// allocation_size (0 = unknown), or one of fd.segments (named `field`).
+struct Piece {
+  const UniqueFd* fd = nullptr;
+  uint64_t declared = 0;
+  std::string field;  // "fd" or "fd.segments[i]", for messages
 };
 
-// Undoes a Mapping unless released to a region.
-class MappingGuard {
- public:
-  explicit MappingGuard(Mapping* m) : m_(m) {}
-  ~MappingGuard() {
-    if (m_ != nullptr) m_->Undo();
-  }
-  void Dismiss() { m_ = nullptr; }
-  MappingGuard(const MappingGuard&) = delete;
-  MappingGuard& operator=(const MappingGuard&) = delete;
-
- private:
-  Mapping* m_;
-};
-
-// A FreeGate::Deferred function: undoes and deletes the Mapping at `m`.
+// A FreeGate::Deferred function: undoes and deletes the VmmMapping at `m`.
 void UndoLater(void* m, intptr_t /*unused*/) {
-  std::unique_ptr<Mapping> mapping(static_cast<Mapping*>(m));
+  std::unique_ptr<VmmMapping> mapping(static_cast<VmmMapping*>(m));
   mapping->Undo();
 }
 
 class VmmRegion final : public core::MappedRegion {
  public:
-  VmmRegion(Mapping mapping, uint64_t offset, uint64_t size, std::string uuid)
+  VmmRegion(VmmMapping mapping, uint64_t offset, uint64_t size, std::string uuid)
       : mapping_(std::move(mapping)), offset_(offset), size_(size), uuid_(std::move(uuid)) {}
   // cuMemUnmap / cuMemRelease may synchronize the device: through the
   // process's FreeGate (server/core/free_gate.h), deferred while a stream
@@ -91,7 +57,7 @@ class VmmRegion final : public core::MappedRegion {
   // real one is never destroyed). Should the copy fail to allocate, the
   // mapping is undone now.
   ~VmmRegion() override {
-    std::unique_ptr<Mapping> later(new (std::nothrow) Mapping(std::move(mapping_)));
+    std::unique_ptr<VmmMapping> later(new (std::nothrow) VmmMapping(std::move(mapping_)));
     if (later == nullptr) {
       mapping_.Undo();
       return;
@@ -114,7 +80,7 @@ class VmmRegion final : public core::MappedRegion {
   std::string device_uuid() const override { return uuid_; }
 
  private:
-  Mapping mapping_;
+  VmmMapping mapping_;
   const uint64_t offset_;
   const uint64_t size_;
   const std::string uuid_;
@@ -127,6 +93,115 @@ absl::Status DriverError(CudaVmmDriver* driver, absl::string_view what, Result r
         absl::StrCat("cuda_vmm: ", what, ": out of device memory or address space (", name, ")"));
   }
   return absl::InternalError(absl::StrCat("cuda_vmm: ", what, " failed: ", name));
+}
+
+// The spec's allocations: the single form (fd, allocation_size) as one
+// piece, or fd.segments (1..kMaxVmmSegments, each allocation_size > 0).
+absl::StatusOr<std::vector<Piece>> PiecesOf(const core::FdRegionSpec& spec) {
+  std::vector<Piece> pieces;
+  if (spec.segments.empty()) {
+    pieces.push_back(Piece{spec.fd.get(), spec.allocation_size, "fd"});
+    return pieces;
+  }
+  if (spec.fd != nullptr || spec.allocation_size != 0) {
+    return absl::InvalidArgumentError(
+        "fd.segments supersedes fd.ticket and fd.allocation_size, which must be empty / 0 "
+        "with it");
+  }
+  if (spec.segments.size() > core::kMaxVmmSegments) {
+    return absl::InvalidArgumentError(absl::StrCat("fd.segments has ", spec.segments.size(),
+                                                   " entries; a buffer spans at most ",
+                                                   core::kMaxVmmSegments, " allocations"));
+  }
+  for (size_t i = 0; i < spec.segments.size(); ++i) {
+    const core::VmmSegmentSpec& seg = spec.segments[i];
+    if (seg.allocation_size == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fd.segments[", i, "].allocation_size must be > 0, got 0"));
+    }
+    pieces.push_back(
+        Piece{seg.fd.get(), seg.allocation_size, absl::StrCat("fd.segments[", i, "]")});
+  }
+  return pieces;
+}
+
+// Imports `piece` into `seg` and checks where the allocation lives and its
+// granularity against what the piece declares. Returns the granularity.
+absl::StatusOr<uint64_t> ImportOne(CudaVmmDriver* driver, const Piece& piece,
+                                   const std::vector<VmmDevice>& devices, const VmmDevice& device,
+                                   VmmMappedSegment& seg) {
+  const int ordinal = device.ordinal;
+  if (Result r = driver->Import(ordinal, piece.fd->get(), &seg.handle);
+      r != CudaVmmDriver::kSuccess) {
+    // Whatever the driver's reason: the descriptor passed the type check
+    // (an NVIDIA node), so it is the client's descriptor that does not
+    // import (another NVIDIA fd, not an exported allocation, one exported
+    // on a device this process cannot use, ...), not a server fault.
+    return absl::InvalidArgumentError(absl::StrCat(
+        piece.field, ": the driver cannot import the descriptor as a CUDA VMM allocation on ",
+        device.uuid, " (cuMemImportFromShareableHandle: ", driver->ErrorName(r),
+        "); pass the descriptor of cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)"));
+  }
+  seg.imported = true;
+
+  VmmLocation location;
+  if (Result r = driver->Location(ordinal, seg.handle, &location); r != CudaVmmDriver::kSuccess) {
+    return DriverError(driver, "cuMemGetAllocationPropertiesFromHandle", r);
+  }
+  if (!location.on_device) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(piece.field, ": the allocation is not device memory (CUmemLocationType ",
+                     location.type, "), fd.device_uuid says ", device.uuid));
+  }
+  if (location.ordinal != ordinal) {
+    std::string actual = absl::StrCat("device ordinal ", location.ordinal);
+    for (const VmmDevice& d : devices) {
+      if (d.ordinal == location.ordinal) actual = d.uuid;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(piece.field == "fd" ? "" : absl::StrCat(piece.field, ": "),
+                     "fd.device_uuid is ", device.uuid, " but the allocation lives on ", actual));
+  }
+
+  uint64_t granularity = 0;
+  if (Result r = driver->Granularity(ordinal, seg.handle, &granularity);
+      r != CudaVmmDriver::kSuccess) {
+    return DriverError(driver, "cuMemGetAllocationGranularity", r);
+  }
+  if (granularity == 0) granularity = 1;
+  if (piece.declared % granularity != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(piece.field, ".allocation_size ", piece.declared,
+                     " is not a multiple of the allocation's granularity ", granularity,
+                     " (an allocation is whole granules)"));
+  }
+  // The whole allocation when its size is stated (some drivers refuse a
+  // partial map of an imported allocation); the single form without it
+  // maps the least whole granules covering offset + size (set by Map).
+  seg.length = piece.declared;
+  return granularity;
+}
+
+// cuMemMap refused `piece`. Not checked here which of the causes it is:
+// the driver says nothing of an imported allocation's size.
+absl::Status MapError(CudaVmmDriver* driver, const Piece& piece, uint64_t length, uint64_t offset,
+                      uint64_t size, Result r) {
+  if (r != CudaVmmDriver::kInvalidValue) return DriverError(driver, "cuMemMap", r);
+  if (piece.field != "fd") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuMemMap refused to map ", length, " bytes of ", piece.field,
+                     " (its allocation_size ", piece.declared, "): ", driver->ErrorName(r),
+                     "; the allocation may be smaller than its stated allocation_size"));
+  }
+  const uint64_t end = offset + size;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cuMemMap refused to map ", length, " bytes from the start of the allocation (fd.offset ",
+      offset, " + fd.size ", size, " = ", end, ", fd.allocation_size ", piece.declared,
+      "): ", driver->ErrorName(r),
+      piece.declared != 0
+          ? "; fd.allocation_size or fd.offset + fd.size may exceed the allocation"
+          : "; fd.offset + fd.size may exceed the allocation, or the driver does not map "
+            "part of an imported allocation (set fd.allocation_size to its size)"));
 }
 
 }  // namespace
@@ -182,7 +257,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
   const std::string uuid = fd_spec->device_uuid;
-  const uint64_t allocation_size = fd_spec->allocation_size;  // 0 = unknown
+  ASSIGN_OR_RETURN(const std::vector<Piece> pieces, PiecesOf(*fd_spec));
+  const bool multi = !fd_spec->segments.empty();
   if (uuid.empty()) return absl::InvalidArgumentError("fd.device_uuid is empty (cuda_vmm)");
   if (size == 0) return absl::InvalidArgumentError("fd.size must be > 0");
   if (size > UINT64_MAX - offset) {
@@ -190,10 +266,22 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
         absl::StrCat("fd.offset ", offset, " + fd.size ", size, " overflows a 64-bit integer"));
   }
   const uint64_t end = offset + size;
-  if (allocation_size != 0 && allocation_size < end) {
+  // The declared total: the single form's allocation_size (0 = unknown), or
+  // the segments' sum, overflow-checked.
+  uint64_t declared_total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].declared > UINT64_MAX - declared_total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fd.segments: the allocation_size sum overflows a 64-bit integer at ",
+                       pieces[i].field, ".allocation_size ", pieces[i].declared));
+    }
+    declared_total += pieces[i].declared;
+  }
+  if (declared_total != 0 && declared_total < end) {
     return absl::InvalidArgumentError(
-        absl::StrCat("fd.allocation_size ", allocation_size, " is less than fd.offset ", offset,
-                     " + fd.size ", size, " = ", end, " (the memory must lie in the allocation)"));
+        absl::StrCat(multi ? "the sum of fd.segments[].allocation_size " : "fd.allocation_size ",
+                     declared_total, " is less than fd.offset ", offset, " + fd.size ", size, " = ",
+                     end, " (the memory must lie in the allocation", multi ? "s)" : ")"));
   }
   // Only the backend's own devices, before any driver call: a client naming
   // another GPU must not make the server create a context there.
@@ -204,7 +292,11 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
         "fd.device_uuid \"", uuid, "\" is not a device of this server's backend (",
         options_.device_uuids.empty() ? "none" : absl::StrJoin(options_.device_uuids, ", "), ")"));
   }
-  RETURN_IF_ERROR(Inspect(fd_spec->fd != nullptr ? fd_spec->fd->get() : -1).status());
+  for (const Piece& piece : pieces) {
+    absl::Status s = Inspect(piece.fd != nullptr ? piece.fd->get() : -1).status();
+    if (!s.ok() && multi) s = absl::Status(s.code(), absl::StrCat(piece.field, ": ", s.message()));
+    RETURN_IF_ERROR(s);
+  }
 
   ASSIGN_OR_RETURN(const std::vector<VmmDevice> devices, driver_->Devices());
   const VmmDevice* device = nullptr;
@@ -223,104 +315,76 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
                                               " exceeds the ", device->total_memory_bytes,
                                               " bytes of device ", device->uuid));
   }
-  if (allocation_size > device->total_memory_bytes) {
-    return absl::OutOfRangeError(absl::StrCat("fd.allocation_size ", allocation_size,
-                                              " exceeds the ", device->total_memory_bytes,
-                                              " bytes of device ", device->uuid));
+  if (declared_total > device->total_memory_bytes) {
+    return absl::OutOfRangeError(absl::StrCat(
+        multi ? "the sum of fd.segments[].allocation_size " : "fd.allocation_size ", declared_total,
+        " exceeds the ", device->total_memory_bytes, " bytes of device ", device->uuid));
   }
-  const int ordinal = device->ordinal;
 
-  Mapping m;
+  VmmMapping m;
   m.driver = driver_;
-  m.device = ordinal;
-  MappingGuard guard(&m);
-  const int fd = fd_spec->fd->get();  // non-null: Inspect checked it
-  if (Result r = driver_->Import(ordinal, fd, &m.handle); r != CudaVmmDriver::kSuccess) {
-    // Whatever the driver's reason: the descriptor passed the type check
-    // (an NVIDIA node), so it is the client's descriptor that does not
-    // import (another NVIDIA fd, not an exported allocation, one exported
-    // on a device this process cannot use, ...), not a server fault.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fd: the driver cannot import the descriptor as a CUDA VMM allocation on ", uuid,
-        " (cuMemImportFromShareableHandle: ", driver_->ErrorName(r),
-        "); pass the descriptor of cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)"));
-  }
-  m.imported = true;
-
-  VmmLocation location;
-  if (Result r = driver_->Location(ordinal, m.handle, &location); r != CudaVmmDriver::kSuccess) {
-    return DriverError(driver_, "cuMemGetAllocationPropertiesFromHandle", r);
-  }
-  if (!location.on_device) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("fd: the allocation is not device memory (CUmemLocationType ", location.type,
-                     "), fd.device_uuid says ", device->uuid));
-  }
-  if (location.ordinal != ordinal) {
-    std::string actual = absl::StrCat("device ordinal ", location.ordinal);
-    for (const VmmDevice& d : devices) {
-      if (d.ordinal == location.ordinal) actual = d.uuid;
+  m.device = device->ordinal;
+  m.segments.reserve(pieces.size());
+  VmmMappingGuard guard(&m);
+  // Import and check every allocation before anything is reserved.
+  uint64_t alignment = 1;
+  for (const Piece& piece : pieces) {
+    m.segments.push_back(VmmMappedSegment{});  // reserved: `seg` stays valid
+    VmmMappedSegment& seg = m.segments.back();
+    seg.at = m.length;
+    ASSIGN_OR_RETURN(const uint64_t granularity, ImportOne(driver_, piece, devices, *device, seg));
+    alignment = std::max(alignment, granularity);
+    // Each allocation maps at the sum of the ones before it: cuMemMap takes
+    // only granule-aligned addresses.
+    if (seg.at % granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(piece.field, " maps at offset ", seg.at,
+                                                     " of the buffer (the allocations before it), "
+                                                     "not a multiple of its granularity ",
+                                                     granularity));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat("fd.device_uuid is ", device->uuid, " but the allocation lives on ", actual));
+    if (piece.declared == 0) {                     // the single form without a stated size
+      if (end > UINT64_MAX - (granularity - 1)) {  // unreachable under the device bound
+        return absl::OutOfRangeError(
+            absl::StrCat("fd.offset + fd.size = ", end, " cannot be rounded"));
+      }
+      seg.length = (end + granularity - 1) / granularity * granularity;
+    }
+    m.length = seg.at + seg.length;  // no overflow: the declared sum was checked
   }
+  const uint64_t length = m.length;
 
-  uint64_t granularity = 0;
-  if (Result r = driver_->Granularity(ordinal, m.handle, &granularity);
-      r != CudaVmmDriver::kSuccess) {
-    return DriverError(driver_, "cuMemGetAllocationGranularity", r);
-  }
-  if (granularity == 0) granularity = 1;
-  if (end > UINT64_MAX - (granularity - 1)) {  // unreachable under the device bound
-    return absl::OutOfRangeError(absl::StrCat("fd.offset + fd.size = ", end, " cannot be rounded"));
-  }
-  if (allocation_size % granularity != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fd.allocation_size ", allocation_size,
-                     " is not a multiple of the allocation's granularity ", granularity,
-                     " (an allocation is whole granules)"));
-  }
-  // The whole allocation when the client stated its size (some drivers
-  // refuse a partial map of an imported allocation), else the least whole
-  // granules covering offset + size.
-  const uint64_t length =
-      allocation_size != 0 ? allocation_size : (end + granularity - 1) / granularity * granularity;
-
-  // The cap on mapped bytes, counted before anything is reserved.
+  // The cap on mapped bytes (the whole reservation), counted before
+  // anything is reserved.
   uint64_t now = mapped_bytes_->load();
   do {
     if (length > options_.max_mapped_bytes || now > options_.max_mapped_bytes - length) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuda_vmm: mapping ", length, " more bytes (fd.offset + fd.size = ", end,
-          ", fd.allocation_size ", allocation_size, ") would pass the server's cap of ",
-          options_.max_mapped_bytes, " mapped VMM bytes (", now, " mapped now)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda_vmm: mapping ", length, " more bytes (fd.offset + fd.size = ", end,
+                       multi ? absl::StrCat(", ", pieces.size(), " fd.segments")
+                             : absl::StrCat(", fd.allocation_size ", declared_total),
+                       ") would pass the server's cap of ", options_.max_mapped_bytes,
+                       " mapped VMM bytes (", now, " mapped now)"));
     }
   } while (!mapped_bytes_->compare_exchange_weak(now, now + length));
   m.counted = mapped_bytes_;
   m.counted_bytes = length;
 
-  if (Result r = driver_->Reserve(ordinal, length, granularity, &m.va);
+  const int ordinal = device->ordinal;
+  if (Result r = driver_->Reserve(ordinal, length, alignment, &m.va);
       r != CudaVmmDriver::kSuccess) {
     return DriverError(driver_, absl::StrCat("cuMemAddressReserve of ", length, " bytes"), r);
   }
   m.reserved = true;
-  m.length = length;
-  if (Result r = driver_->Map(ordinal, m.va, length, m.handle); r != CudaVmmDriver::kSuccess) {
-    if (r == CudaVmmDriver::kInvalidValue) {
-      // Not checked here which of the causes it is: the driver says nothing
-      // of an imported allocation's size.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuMemMap refused to map ", length, " bytes from the start of the allocation (fd.offset ",
-          offset, " + fd.size ", size, " = ", end, ", fd.allocation_size ", allocation_size,
-          ", granularity ", granularity, "): ", driver_->ErrorName(r),
-          allocation_size != 0
-              ? "; fd.allocation_size or fd.offset + fd.size may exceed the allocation"
-              : "; fd.offset + fd.size may exceed the allocation, or the driver does not map "
-                "part of an imported allocation (set fd.allocation_size to its size)"));
+  for (size_t i = 0; i < m.segments.size(); ++i) {
+    VmmMappedSegment& seg = m.segments[i];
+    if (Result r = driver_->Map(ordinal, m.va + seg.at, seg.length, seg.handle);
+        r != CudaVmmDriver::kSuccess) {
+      return MapError(driver_, pieces[i], seg.length, offset, size, r);
     }
-    return DriverError(driver_, "cuMemMap", r);
+    seg.mapped = true;
   }
-  m.mapped = true;
+  // One access grant over the whole range (what PyTorch does over its
+  // chunks too).
   if (Result r = driver_->SetAccess(ordinal, m.va, length); r != CudaVmmDriver::kSuccess) {
     return DriverError(driver_, "cuMemSetAccess", r);
   }

@@ -42,6 +42,24 @@
 // naming offset, size, allocation_size and the length, without claiming
 // which, with nothing left mapped.
 //
+// Several allocations (spec.segments, PassedFd.segments: PyTorch's
+// expandable_segments maps a segment as consecutive chunks, each its own
+// cuMemCreate allocation, so a large tensor spans several): 1..
+// core::kMaxVmmSegments descriptors, each with its allocation_size (> 0,
+// whole granules), superseding fd / allocation_size. Checked before any
+// driver call: the count, each size > 0, their sum without overflow and
+// >= offset + size, and <= the device's memory; each descriptor's type.
+// Then every allocation is imported and checked (device by UUID,
+// granularity, its place in the buffer granule-aligned) before ONE range of
+// the sum is reserved (aligned to the largest granule); allocation i is
+// mapped whole at the sum of the sizes before it, and one cuMemSetAccess
+// covers the whole range. An allocation smaller than its stated size is
+// refused by cuMemMap (INVALID_ARGUMENT naming fd.segments[i]). The cap on
+// mapped bytes counts the sum. Errors name fd.segments[i] and the value.
+// Teardown (cuda_vmm_mapping.h, one function for every path): unmap the
+// mapped allocations last first, free the reservation, release the
+// imported handles last first.
+//
 // Descriptors (Inspect, when a descriptor arrives; again in Map): the fd is
 // an NVIDIA control-device descriptor (/dev/nvidiactl, character device of
 // major 195) onto which the driver exported the allocation. Anything else is

@@ -139,6 +139,10 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> HostFdMapper::Map(
         absl::StrCat("fd.allocation_size is ", fd_spec->allocation_size,
                      ", but the descriptor is host memory (FD_KIND_HOST_MEMORY): it must be 0"));
   }
+  if (!fd_spec->segments.empty()) {
+    return absl::InvalidArgumentError(
+        "fd.segments is set, but the descriptor is host memory (FD_KIND_HOST_MEMORY)");
+  }
   if (size == 0) return absl::InvalidArgumentError("fd.size must be > 0");
   if (size > UINT64_MAX - offset) {
     return absl::OutOfRangeError(

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
@@ -45,6 +46,25 @@ int ClampMs(absl::Duration d) {
   return ms > (1 << 30) ? (1 << 30) : static_cast<int>(ms);
 }
 
+// A CUDA VMM buffer of several allocations (fd.segments): every "fd:<n>"
+// ticket becomes a server ticket for descriptor n (FD_KIND_CUDA_VMM), in
+// order; other tickets are sent as they are.
+absl::StatusOr<v1::RegisterBufferRequest> ResolveSegments(const v1::RegisterBufferRequest& request,
+                                                          const std::string& fd_channel_path,
+                                                          const std::string& session,
+                                                          absl::Duration timeout) {
+  v1::RegisterBufferRequest resolved = request;
+  for (v1::VmmSegment& segment : *resolved.mutable_fd()->mutable_segments()) {
+    const int fd = ParseLocalFdTicket(segment.ticket());
+    if (fd < 0) continue;
+    absl::StatusOr<v1::FdChannelReply> reply =
+        SendFd(fd_channel_path, session, v1::FD_KIND_CUDA_VMM, fd, timeout);
+    if (!reply.ok()) return reply.status();
+    segment.set_ticket(reply->ticket());
+  }
+  return resolved;
+}
+
 // `request` with its host memory turned into an fd channel ticket of
 // `session`: a host_shm name is opened here (with this process's rights),
 // an "fd:<n>" ticket names descriptor n; anything else is returned as is.
@@ -74,6 +94,8 @@ absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
     fd = opened;
     offset = shm.offset();
     size = shm.size();
+  } else if (request.has_fd() && request.fd().segments_size() > 0) {
+    return ResolveSegments(request, fd_channel_path, session, timeout);
   } else if (request.has_fd() && ParseLocalFdTicket(request.fd().ticket()) >= 0) {
     fd = ParseLocalFdTicket(request.fd().ticket());
     offset = request.fd().offset();
@@ -93,6 +115,7 @@ absl::StatusOr<v1::RegisterBufferRequest> ResolveRegistration(
   passed->set_offset(offset);
   passed->set_size(size);
   passed->set_device_uuid(device_uuid);
+  if (request.has_fd()) passed->set_allocation_size(request.fd().allocation_size());
   return resolved;
 }
 
@@ -236,6 +259,29 @@ absl::StatusOr<v1::BufferInfo> Client::RegisterCudaVmmFd(std::string name, int f
   }
   return RegisterLocalFd(std::move(name), fd, offset, size, std::move(device_uuid),
                          allocation_size);
+}
+
+absl::StatusOr<v1::BufferInfo> Client::RegisterCudaVmmFds(
+    std::string name, const std::vector<CudaVmmSegment>& segments, uint64_t offset, uint64_t size,
+    std::string device_uuid) const {
+  if (device_uuid.empty()) {
+    return absl::InvalidArgumentError("device_uuid: a CUDA VMM registration names its GPU");
+  }
+  if (segments.empty()) {
+    return absl::InvalidArgumentError("segments: a CUDA VMM buffer spans at least one allocation");
+  }
+  v1::RegisterBufferRequest request;
+  request.set_name(std::move(name));
+  v1::PassedFd* passed = request.mutable_fd();
+  passed->set_offset(offset);
+  passed->set_size(size);
+  passed->set_device_uuid(std::move(device_uuid));
+  for (const CudaVmmSegment& segment : segments) {
+    v1::VmmSegment* added = passed->add_segments();
+    added->set_ticket(LocalFdTicket(segment.fd));
+    added->set_allocation_size(segment.allocation_size);
+  }
+  return RegisterBuffer(request);
 }
 
 absl::Status Client::UnregisterBuffer(absl::string_view name) const {

@@ -10,20 +10,24 @@ import grpc
 import pytest
 
 import tokensel
-from tokensel import cuda_vmm
+from tokensel import cuda_vmm, fd_channel
+from tokensel.v1 import tokensel_pb2 as pb
 
 UUID = "GPU-00000000-0000-0000-0000-00000000000a"
 MIB = 1 << 20
 
 
 class FakeDriver:
-    """The methods tokensel.cuda_vmm uses. One allocation [base, base + extent)
-    on device 0; counts retained handles and exported descriptors; fails the
-    call named in `fail`."""
+    """The methods tokensel.cuda_vmm uses. Allocations mapped back to back from
+    `base` (sizes `chunks`, handles 42, 43, ...; default one of `extent`
+    bytes) on device 0; counts retained handles and exported descriptors;
+    fails the call named in `fail` (its `fail_at`-th call, from 0)."""
 
     def __init__(self, legacy=False, base=0x7f0000000000, extent=20 * MIB, fail=None,
-                 posix_fd=True, pool=0):
-        self.legacy, self.base, self.extent, self.fail = legacy, base, extent, fail
+                 posix_fd=True, pool=0, chunks=None, fail_at=0):
+        self.legacy, self.base, self.fail, self.fail_at = legacy, base, fail, fail_at
+        self.chunks = list(chunks) if chunks else [extent]
+        self.extent = self.chunks[0]
         self.posix_fd, self.pool = posix_fd, pool
         self.range_extent = None
         self.retained = 0
@@ -32,8 +36,17 @@ class FakeDriver:
 
     def _enter(self, name):
         self.calls.append(name)
-        if self.fail == name:
+        if self.fail == name and self.calls.count(name) == self.fail_at + 1:
             raise cuda_vmm.DriverError(name, 1)
+
+    def _chunk(self, address):
+        """(handle, base, size) of the allocation mapped at `address`."""
+        start = self.base
+        for i, size in enumerate(self.chunks):
+            if start <= address < start + size:
+                return 42 + i, start, size
+            start += size
+        raise cuda_vmm.DriverError("not mapped", 1)  # CUDA_ERROR_INVALID_VALUE
 
     def legacy_ipc_capable(self, address):
         self._enter("legacy_ipc_capable")
@@ -66,23 +79,25 @@ class FakeDriver:
 
     def retain_allocation_handle(self, address):
         self._enter("retain")
+        handle = self._chunk(address)[0]
         self.retained += 1
-        # 42 backs [base, base + extent); the reported range may be wider
-        # (`range_extent`), as a reservation holding several allocations is.
-        return 42 if self.base <= address < self.base + self.extent else 43
+        return handle
 
     def address_range(self, address):
+        # The reported range may be wider (`range_extent`), as a reservation
+        # holding several allocations is.
         self._enter("address_range")
-        return self.base, self.range_extent or self.extent
+        _, base, size = self._chunk(address)
+        return base, self.range_extent or size
 
     def export_fd(self, handle):
         self._enter("export_fd")
-        fd = os.memfd_create("fake-vmm", os.MFD_CLOEXEC)
+        fd = os.memfd_create("fake-vmm-%d" % handle, os.MFD_CLOEXEC)
         self.exported.append(fd)
         return fd
 
     def release(self, handle):
-        assert handle in (42, 43) and self.retained > 0
+        assert 42 <= handle < 42 + len(self.chunks) and self.retained > 0
         self.retained -= 1
         self._enter("release")
 
@@ -99,6 +114,15 @@ def is_open(fd):
         return False
 
 
+@pytest.fixture
+def vmm_client(client):
+    """`client`, believing the server takes cuda_vmm (the CPU test server does
+    not): the descriptors and the registration then reach it."""
+    client.server_info.memory_kinds.append("cuda_vmm")
+    yield client
+    client.server_info.memory_kinds.remove("cuda_vmm")
+
+
 def test_plan_follows_the_legacy_ipc_attribute():
     assert cuda_vmm.plan(FakeDriver(legacy=True), 0x1000) == cuda_vmm.LEGACY_IPC
     assert cuda_vmm.plan(FakeDriver(legacy=False), 0x1000) == cuda_vmm.VMM
@@ -110,24 +134,26 @@ def test_export_gives_the_offset_in_the_allocation_and_releases_the_handle():
     try:
         assert spec.offset == 3 * MIB + 256
         assert spec.size == 4 * MIB
-        assert spec.allocation_size == drv.extent  # the server maps it whole
+        assert spec.allocation_sizes == (drv.extent,)  # the server maps it whole
         assert spec.device_uuid == UUID and spec.device == "cuda:0"
-        assert spec.fd == drv.exported[0] and is_open(spec.fd)
+        assert spec.fds == (drv.exported[0],) and is_open(spec.fds[0])
         assert drv.retained == 0
     finally:
-        os.close(spec.fd)
+        os.close(spec.fds[0])
     # Exactly up to the allocation's end is fine.
     spec = cuda_vmm.export(drv, drv.base + MIB, drv.extent - MIB)
-    os.close(spec.fd)
+    assert len(spec.fds) == 1
+    os.close(spec.fds[0])
     assert drv.retained == 0
 
 
 @pytest.mark.parametrize("offset,size", [(19 * MIB, 2 * MIB), (0, 20 * MIB + 1), (-1, 16)])
-def test_memory_past_its_allocation_is_refused_before_anything_is_exported(offset, size):
+def test_memory_past_the_mapped_allocations_is_refused_and_leaks_nothing(offset, size):
     drv = FakeDriver()
-    with pytest.raises(tokensel.CudaUnavailableError, match="more than one CUDA allocation"):
+    with pytest.raises(tokensel.CudaUnavailableError):
         cuda_vmm.export(drv, drv.base + offset, size)
-    assert drv.exported == [] and drv.retained == 0
+    assert drv.retained == 0
+    assert all(not is_open(fd) for fd in drv.exported)
 
 
 @pytest.mark.parametrize("step", ["address_range", "export_fd", "release"])
@@ -162,7 +188,8 @@ def test_pool_memory_is_refused_before_any_handle_is_retained(posix_fd):
 
 def test_a_reported_range_wider_than_the_allocation_is_refused():
     drv = FakeDriver()
-    drv.range_extent = 2 * drv.extent  # e.g. the whole reservation of expandable segments
+    drv = FakeDriver(chunks=[20 * MIB, 20 * MIB])
+    drv.range_extent = 40 * MIB  # e.g. the whole reservation of expandable segments
     with pytest.raises(tokensel.CudaUnavailableError, match="is not one CUDA allocation"):
         cuda_vmm.export(drv, drv.base + MIB, MIB)
     assert drv.exported == [] and drv.retained == 0
@@ -272,7 +299,7 @@ def test_address_range_has_no_32_bit_fallback():
 def test_the_calls_that_need_a_context_run_inside_the_devices_context():
     drv = FakeDriver()
     spec = cuda_vmm.export(drv, drv.base + MIB, MIB)
-    os.close(spec.fd)
+    os.close(spec.fds[0])
     inside = drv.calls[drv.calls.index("push") + 1:drv.calls.index("pop")]
     assert drv.calls[:drv.calls.index("push")] == [
         "mempool", "allows_posix_fd", "device_ordinal", "device_uuid"]
@@ -335,4 +362,134 @@ def test_the_registration_states_the_allocations_size(client, monkeypatch):
     passed = sent[0].fd
     assert (passed.offset, passed.size, passed.device_uuid, passed.allocation_size) == (
         MIB, 2 * MIB, UUID, drv.extent)
+    assert list(passed.segments) == []  # one allocation: the single form
     assert len(drv.exported) == 1 and not is_open(drv.exported[0])
+
+
+# ------------------------------------------------- several allocations --
+# PyTorch's expandable_segments maps a segment as consecutive chunks, each
+# its own cuMemCreate allocation: a large tensor spans several.
+
+CHUNKS = [20 * MIB, 20 * MIB, 20 * MIB, 2 * MIB]
+
+
+def test_a_tensor_spanning_three_chunks_gives_three_descriptors_in_order():
+    drv = FakeDriver(chunks=CHUNKS)
+    address, size = drv.base + 5 * MIB + 12, 50 * MIB  # ends inside the third chunk
+    spec = cuda_vmm.export(drv, address, size)
+    try:
+        assert spec.fds == tuple(drv.exported) and len(spec.fds) == 3
+        # In address order: each exported from the handle of its chunk.
+        assert [os.readlink("/proc/self/fd/%d" % fd).split("fake-vmm-")[1][:2]
+                for fd in spec.fds] == ["42", "43", "44"]
+        assert spec.allocation_sizes == (20 * MIB, 20 * MIB, 20 * MIB)
+        assert spec.offset == 5 * MIB + 12 and spec.size == size
+        assert all(is_open(fd) for fd in spec.fds)
+        assert drv.retained == 0
+        assert drv.calls.count("retain") == drv.calls.count("release")
+    finally:
+        for fd in spec.fds:
+            os.close(fd)
+    # Exactly to the end of the last chunk, and one chunk exactly.
+    spec = cuda_vmm.export(drv, drv.base, sum(CHUNKS))
+    assert spec.allocation_sizes == tuple(CHUNKS) and spec.offset == 0
+    for fd in spec.fds:
+        os.close(fd)
+    spec = cuda_vmm.export(drv, drv.base + 20 * MIB, 20 * MIB)
+    assert spec.allocation_sizes == (20 * MIB,) and spec.offset == 0
+    os.close(spec.fds[0])
+
+
+@pytest.mark.parametrize("step,at", [("retain", 3), ("address_range", 1), ("export_fd", 1),
+                                     ("export_fd", 2), ("release", 4), ("pop", 0)])
+def test_a_failure_in_the_middle_closes_the_descriptors_already_exported(step, at):
+    drv = FakeDriver(chunks=CHUNKS, fail=step, fail_at=at)
+    with pytest.raises(cuda_vmm.DriverError, match=step):
+        cuda_vmm.export(drv, drv.base + MIB, 50 * MIB)
+    assert drv.exported  # something was exported before the failure
+    assert all(not is_open(fd) for fd in drv.exported)
+    assert drv.retained == 0
+
+
+def test_a_gap_or_an_overlap_between_allocations_is_refused():
+    drv = FakeDriver(chunks=CHUNKS)
+    real = drv.address_range
+    # The second allocation reported as starting before the cursor.
+    drv.address_range = lambda a: (lambda r: (r[0] - (MIB if a != drv.base + MIB and
+                                                      r[0] != drv.base else 0), r[1]))(real(a))
+    with pytest.raises(tokensel.CudaUnavailableError, match="cannot be registered by descriptor"):
+        cuda_vmm.export(drv, drv.base + MIB, 30 * MIB)
+    assert all(not is_open(fd) for fd in drv.exported) and drv.retained == 0
+
+
+def test_more_allocations_than_the_limit_are_refused_before_exporting_more(monkeypatch):
+    monkeypatch.setattr(cuda_vmm, "MAX_SEGMENTS", 3)
+    drv = FakeDriver(chunks=[2 * MIB] * 5)
+    with pytest.raises(tokensel.CudaUnavailableError, match="more than 3 CUDA allocations"):
+        cuda_vmm.export(drv, drv.base, 6 * MIB + 1)
+    assert len(drv.exported) == 3 and all(not is_open(fd) for fd in drv.exported)
+    assert drv.retained == 0
+    spec = cuda_vmm.export(drv, drv.base, 6 * MIB)  # exactly the limit
+    assert len(spec.fds) == 3
+    for fd in spec.fds:
+        os.close(fd)
+
+
+def test_the_registration_of_several_allocations_carries_ordered_segments(vmm_client,
+                                                                         monkeypatch):
+    # Through the fd channel of the real (CPU) server: every descriptor gets
+    # its own ticket, in order, and the server refuses them on arrival; the
+    # client then closes all of them.
+    sent = []
+    real_send = fd_channel.send_fd
+
+    def spy(channel, session, fd, **kwargs):
+        sent.append(fd)
+        return real_send(channel, session, fd, **kwargs)
+
+    monkeypatch.setattr(fd_channel, "send_fd", spy)
+    drv = FakeDriver(chunks=CHUNKS)
+    with pytest.raises(tokensel.FailedPreconditionError, match="cuda_vmm: "):
+        vmm_client.register_cuda_pointer(drv.base + MIB, 50 * MIB, driver=drv)
+    assert sent == drv.exported[:1]  # refused at the first descriptor
+    assert len(drv.exported) == 3 and all(not is_open(fd) for fd in drv.exported)
+    assert vmm_client.list_buffers() == []
+
+
+def test_the_request_lists_the_segments_in_order(vmm_client, monkeypatch):
+    sent = []
+
+    def capture(name, request, address, size, device, owner, fd=None):
+        sent.append((request, fd))
+        raise tokensel.CudaUnavailableError("captured")
+
+    monkeypatch.setattr(vmm_client, "_register", capture)
+    drv = FakeDriver(chunks=CHUNKS)
+    with pytest.raises(tokensel.CudaUnavailableError, match="captured"):
+        vmm_client.register_cuda_pointer(drv.base + MIB, 45 * MIB, driver=drv)
+    request, fds = sent[0]
+    passed = request.fd
+    assert (passed.offset, passed.size, passed.device_uuid) == (MIB, 45 * MIB, UUID)
+    assert passed.ticket == "" and passed.allocation_size == 0  # superseded
+    assert [s.allocation_size for s in passed.segments] == [20 * MIB] * 3
+    assert fds == tuple(drv.exported)
+    assert all(not is_open(fd) for fd in drv.exported)
+
+
+def test_with_ticket_fills_one_ticket_per_segment_in_order(client, monkeypatch):
+    tickets = iter(["t0", "t1", "t2"])
+    seen = []
+
+    def fake_send(channel, session, fd, kind=None, timeout=None):
+        seen.append((fd, kind))
+        return pb.FdChannelReply(ticket=next(tickets))
+
+    monkeypatch.setattr(fd_channel, "send_fd", fake_send)
+    request = pb.RegisterBufferRequest(name="x", fd=pb.PassedFd(
+        offset=1, size=2, device_uuid=UUID,
+        segments=[pb.VmmSegment(allocation_size=20 * MIB) for _ in range(3)]))
+    ticketed = client._with_ticket(request, (7, 8, 9))
+    assert [s.ticket for s in ticketed.fd.segments] == ["t0", "t1", "t2"]
+    assert ticketed.fd.ticket == ""
+    assert seen == [(7, pb.FD_KIND_CUDA_VMM), (8, pb.FD_KIND_CUDA_VMM), (9, pb.FD_KIND_CUDA_VMM)]
+    assert [s.ticket for s in request.fd.segments] == ["", "", ""]  # the stored one unchanged

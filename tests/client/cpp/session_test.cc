@@ -180,6 +180,23 @@ TEST(SessionTest, CudaVmmRegistrationGetsAPreciseError) {
       c.RegisterCudaVmmFd("v", memfd, 0, 4096, "GPU-00000000-0000-0000-0000-000000000000", 2 << 20)
           .status(),
       StatusIs(absl::StatusCode::kFailedPrecondition, "cuda_vmm: "));
+  // Several allocations: each descriptor goes as FD_KIND_CUDA_VMM (the CPU
+  // server refuses the first on arrival); the arguments are checked first.
+  const int second = memfd_create("vmm-test-2", MFD_CLOEXEC);
+  ASSERT_GE(second, 0);
+  using Segment = Client::CudaVmmSegment;
+  EXPECT_THAT(
+      c.RegisterCudaVmmFds("v", {{memfd, 2 << 20}, {second, 2 << 20}}, 0, 4096, "").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "device_uuid"));
+  EXPECT_THAT(c.RegisterCudaVmmFds("v", std::vector<Segment>{}, 0, 4096,
+                                   "GPU-00000000-0000-0000-0000-000000000000")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "segments"));
+  EXPECT_THAT(c.RegisterCudaVmmFds("v", {{memfd, 2 << 20}, {second, 2 << 20}}, 0, 4096,
+                                   "GPU-00000000-0000-0000-0000-000000000000")
+                  .status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "cuda_vmm: "));
+  close(second);
   absl::StatusOr<v1::BufferInfo> host = c.RegisterFd("h", memfd, 0, 4096);
   ASSERT_OK(host.status());
   EXPECT_EQ(host->kind(), "host_shm");

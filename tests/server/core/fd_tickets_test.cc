@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -192,6 +193,65 @@ TEST_F(FdTicketsTest, TicketsAreDistinct) {
     seen.insert(r->ticket);
   }
   EXPECT_EQ(seen.size(), 2u);
+}
+
+}  // namespace
+}  // namespace tokensel::core
+
+namespace tokensel::core {
+namespace {
+
+// RedeemAll (PassedFd.segments): all or none. A repeated ticket, an unknown
+// one, one of another session or an expired one names its index and uses up
+// none of the others; otherwise the descriptors come back in order.
+TEST_F(FdTicketsTest, RedeemAllTakesAllOrNone) {
+  FdTicketLimits limits = Limits();
+  limits.max_per_session = 8;
+  limits.max_total = 8;
+  FdTickets tickets(&sessions_, &mapper_, limits, [this] { return now_; });
+  std::vector<std::string> mine;
+  std::vector<int> raw;
+  for (int i = 0; i < 3; ++i) {
+    UniqueFd fd = Memfd(64);
+    raw.push_back(fd.get());
+    auto receipt = tickets.Receive(alice_, alice_session_, FdKind::kHostMemory, std::move(fd));
+    ASSERT_OK(receipt);
+    mine.push_back(receipt->ticket);
+  }
+  const std::string bob_session = sessions_.Open("b", absl::ZeroDuration(), bob_)->id;
+  auto bobs = tickets.Receive(bob_, bob_session, FdKind::kHostMemory, Memfd(64));
+  ASSERT_OK(bobs);
+
+  EXPECT_THAT(tickets.RedeemAll(alice_session_, {mine[0], mine[1], mine[0]}, "fd.segments"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "fd.segments[2].ticket is fd.segments[0].ticket again"));
+  EXPECT_THAT(tickets.RedeemAll(alice_session_, {mine[0], bobs->ticket, mine[1]}, "fd.segments"),
+              StatusIs(absl::StatusCode::kNotFound, "fd.segments[1].ticket: no such ticket"));
+  EXPECT_THAT(tickets.RedeemAll(alice_session_, {mine[0], mine[1], "feed"}, "fd.segments"),
+              StatusIs(absl::StatusCode::kNotFound, "fd.segments[2].ticket: no such ticket"));
+  EXPECT_EQ(tickets.pending(), 4u);  // none used up
+  for (int fd : raw) EXPECT_TRUE(IsOpen(fd));
+
+  auto redeemed = tickets.RedeemAll(alice_session_, {mine[2], mine[0], mine[1]}, "fd.segments");
+  ASSERT_OK(redeemed);
+  ASSERT_EQ(redeemed->size(), 3u);
+  EXPECT_EQ((*redeemed)[0].fd->get(), raw[2]);
+  EXPECT_EQ((*redeemed)[1].fd->get(), raw[0]);
+  EXPECT_EQ((*redeemed)[2].fd->get(), raw[1]);
+  EXPECT_EQ(tickets.pending(), 1u);  // bob's
+  // Used once: a second use is NOT_FOUND.
+  EXPECT_THAT(tickets.RedeemAll(alice_session_, {mine[0]}, "fd.segments"),
+              StatusIs(absl::StatusCode::kNotFound, "fd.segments[0].ticket"));
+  // Expired.
+  now_ += absl::Seconds(31);
+  EXPECT_THAT(tickets.RedeemAll(bob_session, {bobs->ticket}, "fd.segments"),
+              StatusIs(absl::StatusCode::kNotFound, "fd.segments[0].ticket"));
+}
+
+// The default per-session limit lets one VMM buffer of kMaxVmmSegments
+// allocations wait for its RegisterBuffer.
+TEST(FdTicketLimitsTest, ASessionMayHoldTheTicketsOfTheLargestVmmBuffer) {
+  EXPECT_GE(FdTicketLimits().max_per_session, kMaxVmmSegments);
 }
 
 }  // namespace

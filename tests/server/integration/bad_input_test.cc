@@ -252,6 +252,72 @@ TEST_F(BadInputTest, ATicketServesOnlyItsSessionAndOnlyOnce) {
   ExpectStillServes();
 }
 
+// PassedFd.segments (a CUDA VMM buffer of several allocations), against the
+// CPU server: the request's own checks come before any ticket is used up
+// (the tickets then still register), a repeated, unknown or other session's
+// ticket names its index and uses up none, and host-memory tickets are not
+// segments. Every refusal registers nothing and the server keeps serving.
+TEST_F(BadInputTest, VmmSegmentsAreCheckedBeforeAnyTicketIsUsed) {
+  auto ticket = [&](Client* who) {
+    const int fd = shm_open(shm_.name().c_str(), O_RDWR | O_CLOEXEC, 0);
+    EXPECT_GE(fd, 0);
+    absl::StatusOr<v1::FdChannelReply> reply =
+        client::SendFd(server_->fd_channel_path(), who->session(), v1::FD_KIND_HOST_MEMORY, fd);
+    close(fd);
+    EXPECT_OK(reply);
+    return reply.ok() ? reply->ticket() : std::string();
+  };
+  const std::string t0 = ticket(client_.get()), t1 = ticket(client_.get());
+  Client other(server_->UnixChannel());
+  ASSERT_OK(other.Open());
+  const std::string theirs = ticket(&other);
+  v1::RegisterBufferResponse resp;
+  auto request = [](const std::vector<std::string>& tickets, uint64_t each) {
+    v1::RegisterBufferRequest req;
+    req.set_name("segmented");
+    req.mutable_fd()->set_size(4096);
+    req.mutable_fd()->set_device_uuid("GPU-00000000-0000-0000-0000-00000000000a");
+    for (const std::string& t : tickets) {
+      v1::VmmSegment* seg = req.mutable_fd()->add_segments();
+      seg->set_ticket(t);
+      seg->set_allocation_size(each);
+    }
+    return req;
+  };
+  v1::RegisterBufferRequest both = request({t0, t1}, 2 << 20);
+  both.mutable_fd()->set_allocation_size(4 << 20);
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer, both, &resp),
+              StatusIs(Code::kInvalidArgument, "fd.segments supersedes fd.ticket"));
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer,
+                            request(std::vector<std::string>(129, t0), 2 << 20), &resp),
+              StatusIs(Code::kInvalidArgument,
+                       "fd.segments has 129 entries; a buffer spans at "
+                       "most 128"));
+  v1::RegisterBufferRequest zero = request({t0, t1}, 2 << 20);
+  zero.mutable_fd()->mutable_segments(1)->set_allocation_size(0);
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer, zero, &resp),
+              StatusIs(Code::kInvalidArgument, "fd.segments[1].allocation_size must be > 0"));
+  EXPECT_THAT(
+      client_->Call(&Stub::RegisterBuffer, request({t0, t1, t0}, 2 << 20), &resp),
+      StatusIs(Code::kInvalidArgument, "fd.segments[2].ticket is fd.segments[0].ticket again"));
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer, request({t0, theirs}, 2 << 20), &resp),
+              StatusIs(Code::kNotFound, "fd.segments[1].ticket: no such ticket in this session"));
+  // None of the above used a ticket up: host-memory tickets are redeemed
+  // now, and refused as segments.
+  EXPECT_THAT(client_->Call(&Stub::RegisterBuffer, request({t0, t1}, 2 << 20), &resp),
+              StatusIs(Code::kInvalidArgument,
+                       "fd.segments[0].ticket names a FD_KIND_HOST_MEMORY descriptor"));
+  v1::RegisterBufferRequest plain;
+  plain.set_name("plain");
+  plain.mutable_fd()->set_ticket(theirs);
+  plain.mutable_fd()->set_size(4096);
+  EXPECT_OK(other.Call(&Stub::RegisterBuffer, plain, &resp));  // theirs was not used up
+  v1::ListBuffersResponse list;
+  ASSERT_OK(client_->Call(&Stub::ListBuffers, v1::ListBuffersRequest(), &list));
+  for (const v1::BufferInfo& b : list.buffers()) EXPECT_NE(b.name(), "segmented");
+  ExpectStillServes();
+}
+
 TEST_F(BadInputTest, InlineLengthMismatchIsInvalid) {
   Gather g = ValidGather();
   *g.req.mutable_indices() = InlineTensor(DType::kInt32, {2, 5}, std::string(39, '\0'));

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "server/core/buffer_registry.h"
 #include "server/core/free_gate.h"
+#include "tests/server/memory/fake_cuda_vmm_driver.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tokensel::memory {
@@ -35,131 +36,7 @@ namespace {
 
 using ::absl::StatusCode;
 using ::tokensel::testing::StatusIs;
-
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-constexpr uint64_t kGranularity = 2 * kMiB;
-constexpr uint64_t kMinGranule = 4096;  // what Reserve takes (the smallest granule)
-const char kGpu0[] = "GPU-00000000-0000-0000-0000-00000000000a";
-const char kGpu1[] = "GPU-00000000-0000-0000-0000-00000000000b";
-const char kGpu2[] = "GPU-00000000-0000-0000-0000-00000000000c";  // not the backend's
-
-class FakeDriver final : public CudaVmmDriver {
- public:
-  struct Allocation {
-    uint64_t size = 0;
-    VmmLocation location;
-    uint64_t granularity = 0;  // its own granule; 0: the driver's `granularity`
-  };
-  enum Step { kNone, kImport, kLocation, kGetGranularity, kReserve, kMap, kSetAccess };
-
-  absl::Status Available() override { return available; }
-  absl::StatusOr<std::vector<VmmDevice>> Devices() override {
-    return std::vector<VmmDevice>{
-        {0, kGpu0, 16 * 1024 * kMiB}, {1, kGpu1, 16 * 1024 * kMiB}, {2, kGpu2, 16 * 1024 * kMiB}};
-  }
-  Result Import(int device, int fd, Handle* handle) override {
-    calls.push_back("import");
-    if (Fail(kImport)) return fail_result;
-    auto it = allocations.find(fd);
-    if (it == allocations.end()) return kInvalidValue;
-    *handle = next_handle++;
-    handles[*handle] = it->second;
-    handle_device[*handle] = device;
-    return kSuccess;
-  }
-  Result Location(int, Handle handle, VmmLocation* location) override {
-    calls.push_back("location");
-    if (Fail(kLocation)) return fail_result;
-    if (handles.count(handle) == 0) return kInvalidHandle;
-    *location = handles[handle].location;
-    return kSuccess;
-  }
-  Result Granularity(int, Handle handle, uint64_t* bytes) override {
-    calls.push_back("granularity");
-    if (Fail(kGetGranularity)) return fail_result;
-    auto h = handles.find(handle);  // from the allocation's own properties
-    if (h == handles.end()) return kInvalidHandle;
-    *bytes = Granule(h->second);
-    return kSuccess;
-  }
-  uint64_t Granule(const Allocation& a) const {
-    return a.granularity != 0 ? a.granularity : granularity;
-  }
-  Result Reserve(int, uint64_t size, uint64_t alignment, uint64_t* va) override {
-    calls.push_back("reserve");
-    if (Fail(kReserve)) return fail_result;
-    if (size == 0 || size % kMinGranule != 0 || alignment % kMinGranule != 0) return kInvalidValue;
-    *va = next_va;
-    next_va += size + granularity;  // a gap, so ranges never touch
-    reserved[*va] = size;
-    return kSuccess;
-  }
-  Result Map(int device, uint64_t va, uint64_t size, Handle handle) override {
-    calls.push_back("map");
-    if (Fail(kMap)) return fail_result;
-    auto r = reserved.find(va);
-    auto h = handles.find(handle);
-    if (r == reserved.end() || h == handles.end() || size > r->second) return kInvalidValue;
-    // The driver's rules: whole granules, inside the allocation, offset 0.
-    if (size % Granule(h->second) != 0 || size > h->second.size) return kInvalidValue;
-    // Some drivers refuse a partial map of an imported allocation.
-    if (refuse_partial && size != h->second.size) return kInvalidValue;
-    if (mapped.count(va) != 0) return kInvalidValue;
-    mapped[va] = {size, device};
-    return kSuccess;
-  }
-  Result SetAccess(int device, uint64_t va, uint64_t size) override {
-    calls.push_back("access");
-    if (Fail(kSetAccess)) return fail_result;
-    auto m = mapped.find(va);
-    if (m == mapped.end() || m->second.first != size) return kInvalidValue;
-    access_device[va] = device;
-    return kSuccess;
-  }
-  Result Unmap(int, uint64_t va, uint64_t size) override {
-    calls.push_back("unmap");
-    auto m = mapped.find(va);
-    if (m == mapped.end() || m->second.first != size) return ++bad_calls, kInvalidValue;
-    mapped.erase(m);
-    access_device.erase(va);
-    return kSuccess;
-  }
-  Result Free(int, uint64_t va, uint64_t size) override {
-    calls.push_back("free");
-    auto r = reserved.find(va);
-    if (r == reserved.end() || r->second != size || mapped.count(va) != 0) {
-      return ++bad_calls, kInvalidValue;
-    }
-    reserved.erase(r);
-    return kSuccess;
-  }
-  Result Release(int, Handle handle) override {
-    calls.push_back("release");
-    if (handles.erase(handle) == 0) return ++bad_calls, kInvalidHandle;
-    return kSuccess;
-  }
-  std::string ErrorName(Result r) override { return absl::StrCat("FAKE_ERROR_", r); }
-
-  bool Fail(Step step) const { return fail_at == step; }
-  // Nothing acquired is still held.
-  bool Clean() const { return handles.empty() && reserved.empty() && mapped.empty(); }
-
-  absl::Status available;
-  uint64_t granularity = kGranularity;
-  bool refuse_partial = false;
-  std::map<int, Allocation> allocations;  // by descriptor number
-  Step fail_at = kNone;
-  Result fail_result = 999;
-  Handle next_handle = 100;
-  uint64_t next_va = uint64_t{1} << 40;
-  std::map<Handle, Allocation> handles;  // live imported handles
-  std::map<Handle, int> handle_device;
-  std::map<uint64_t, uint64_t> reserved;                // va -> size
-  std::map<uint64_t, std::pair<uint64_t, int>> mapped;  // va -> (size, device)
-  std::map<uint64_t, int> access_device;
-  std::vector<std::string> calls;
-  int bad_calls = 0;
-};
+using FakeDriver = FakeCudaVmmDriver;
 
 class CudaVmmMapperTest : public ::testing::Test {
  protected:

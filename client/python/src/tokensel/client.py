@@ -329,30 +329,44 @@ class Client:
     def _register_vmm(self, drv, address, size, device, name):
         self._require_kind(cuda_vmm.VMM)  # before anything is exported
         spec = cuda_vmm.export(drv, address, size, device)
-        name = name or "cuda-%x" % spec.address
-        buf = cuda_ipc.CudaBuffer(self, name, spec, fd=spec.fd)
         try:
-            self._register(name, pb.RegisterBufferRequest(name=name, fd=pb.PassedFd(
-                offset=spec.offset, size=spec.size, device_uuid=spec.device_uuid,
-                allocation_size=spec.allocation_size)),
-                spec.address, spec.size, spec.device, buf, fd=spec.fd)
+            name = name or "cuda-%x" % spec.address
+            buf = cuda_ipc.CudaBuffer(self, name, spec, fd=spec.fds)
+            passed = pb.PassedFd(offset=spec.offset, size=spec.size,
+                                 device_uuid=spec.device_uuid)
+            if len(spec.fds) == 1:
+                # One allocation: the single form, which every server takes.
+                passed.allocation_size = spec.allocation_sizes[0]
+            else:
+                for extent in spec.allocation_sizes:  # tickets filled in per send
+                    passed.segments.add(allocation_size=extent)
+            self._register(name, pb.RegisterBufferRequest(name=name, fd=passed),
+                           spec.address, spec.size, spec.device, buf, fd=spec.fds)
         except BaseException:
-            os.close(spec.fd)
+            for fd in spec.fds:
+                os.close(fd)
             raise
         return buf
 
     def _with_ticket(self, request, fd):
-        """`request`, with a fresh fd channel ticket for `fd` when it has one."""
+        """`request`, with a fresh fd channel ticket for `fd` when it has one:
+        a descriptor, or a tuple of them (a CUDA VMM buffer of several
+        allocations: one ticket per fd.segments entry, in order)."""
         if fd is None:
             return request
         # A device_uuid marks a CUDA VMM descriptor (host memory has none).
         kind = (pb.FD_KIND_CUDA_VMM if request.HasField("fd") and request.fd.device_uuid
                 else pb.FD_KIND_HOST_MEMORY)
-        reply = fd_channel_module.send_fd(self.fd_channel, self.session_id, fd, kind=kind,
-                                          timeout=self.timeout)
         ticketed = pb.RegisterBufferRequest()
         ticketed.CopyFrom(request)
-        ticketed.fd.ticket = reply.ticket
+        fds = tuple(fd) if isinstance(fd, (tuple, list)) else (fd,)
+        tickets = [fd_channel_module.send_fd(self.fd_channel, self.session_id, one, kind=kind,
+                                             timeout=self.timeout).ticket for one in fds]
+        if request.fd.segments:
+            for segment, ticket in zip(ticketed.fd.segments, tickets):
+                segment.ticket = ticket
+        else:
+            ticketed.fd.ticket = tickets[0]
         return ticketed
 
     def _register(self, name, request, address, size, device, owner, fd=None):

@@ -109,8 +109,9 @@ def export(tensor, server_info):
 class CudaBuffer:
     """A registered CUDA allocation; CUDA tensors inside it are passed to ops
     by reference. `spec.kind` says how it was registered: "cuda_ipc" (legacy
-    IPC handle) or "cuda_vmm" (a VMM descriptor, tokensel.cuda_vmm, which this
-    buffer keeps open for re-registration and closes). close() unregisters
+    IPC handle) or "cuda_vmm" (VMM descriptors, one per allocation,
+    tokensel.cuda_vmm, which this buffer keeps open for re-registration and
+    closes). close() unregisters
     (idempotent)."""
 
     def __init__(self, client, name, spec, fd=None):
@@ -128,8 +129,11 @@ class CudaBuffer:
                 self._client._unregister(self)
             finally:
                 if self._fd is not None:
-                    os.close(self._fd)
+                    # One descriptor, or one per allocation (cuda_vmm).
+                    fds = self._fd if isinstance(self._fd, (tuple, list)) else (self._fd,)
                     self._fd = None
+                    for fd in fds:
+                        os.close(fd)
 
     def __enter__(self):
         return self

@@ -11,26 +11,36 @@ server would map another tensor. Pool memory would need pool IPC
 
 `Client.register_cuda` asks the driver whether the memory is legacy-IPC capable
 (cuPointerGetAttribute CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE); when
-it is not, it registers the memory by descriptor instead:
+it is not, it registers the memory by descriptor instead, walking the memory
+allocation by allocation (PyTorch's expandable_segments maps a segment as
+consecutive chunks, each its own cuMemCreate allocation, so a large tensor
+spans several):
 
-  cuMemRetainAllocationHandle(address)      -> the physical allocation
-  cuMemGetAddressRange(address)             -> where that allocation is mapped
-  cuMemExportToShareableHandle(POSIX fd)    -> a descriptor for it
-  cuMemRelease(handle)                      (the retained reference)
-  fd channel, FD_KIND_CUDA_VMM              -> ticket
-  RegisterBuffer(fd {ticket, offset of the memory inside the allocation, size,
-                     device_uuid, allocation_size})
+  for each allocation, from the one holding `address` to the one holding
+  the last byte:
+    cuMemRetainAllocationHandle(cursor)     -> the physical allocation
+    cuMemGetAddressRange(cursor)            -> where it is mapped: [base, +extent)
+      (the first starts at or before `address`, each next one exactly where
+      the previous ended; the handle backing its first and last byte is the
+      one backing `cursor`, so the range is this one allocation)
+    cuMemExportToShareableHandle(POSIX fd)  -> a descriptor for it
+    cuMemRelease(handle)                    (the retained reference)
+  fd channel, FD_KIND_CUDA_VMM, per descriptor -> ticket
+  RegisterBuffer(fd {offset of the memory in the first allocation, size,
+                     device_uuid, and
+                     one allocation: ticket, allocation_size (the form every
+                       server takes),
+                     several: segments [{ticket, allocation_size}, ...]})
 
-allocation_size is the allocation's size (the address range, checked to be
-one allocation): the server maps exactly the whole allocation, since some
-drivers refuse a partial map of an imported allocation.
+allocation_size is each allocation's size: the server maps every allocation
+whole (some drivers refuse a partial map of an imported allocation), back to
+back in one reserved range. At most MAX_SEGMENTS allocations (the server's
+limit): a larger tensor raises CudaUnavailableError before the
+(MAX_SEGMENTS + 1)-th is exported.
 
-The descriptor stays open while the buffer is registered (a re-opened session
-registers it again) and is closed by CudaBuffer.close(). The memory must lie
-inside one allocation: with expandable segments a large tensor spans several
-physical chunks, and the server maps one allocation per buffer, so such a
-tensor raises CudaUnavailableError (register a smaller one, or allocate it
-without expandable segments).
+The descriptors stay open while the buffer is registered (a re-opened session
+registers them again) and are closed by CudaBuffer.close(). Every error path
+closes every descriptor exported so far and releases every retained handle.
 
 cuMemGetAddressRange, cuIpcGetMemHandle (and the handle calls) need a
 current context: from a thread where torch has not touched CUDA they fail
@@ -53,8 +63,14 @@ from tokensel.errors import CudaUnavailableError
 LEGACY_IPC = "cuda_ipc"
 VMM = "cuda_vmm"
 
+# fds / allocation_sizes: one per allocation, in address order; offset is
+# counted from the start of the first.
 VmmSpec = collections.namedtuple(
-    "VmmSpec", ["fd", "device_uuid", "offset", "size", "address", "device", "allocation_size"])
+    "VmmSpec", ["fds", "device_uuid", "offset", "size", "address", "device", "allocation_sizes"])
+
+# The most allocations one buffer may span (the server's kMaxVmmSegments,
+# also its per-session fd ticket limit): 128 chunks of 20 MiB are 2.5 GiB.
+MAX_SEGMENTS = 128
 
 # cuda.h values (stable ABI).
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
@@ -215,10 +231,11 @@ def export_legacy(drv, address, size, device=None):
 
 
 def export(drv, address, size, device=None):
-    """A VmmSpec for [address, address + size) of VMM memory: an exported
-    descriptor of the allocation holding it (owned by the caller: close it),
-    the offset inside that allocation and the device's UUID. The retained
-    handle is released on every path, the descriptor closed on every error."""
+    """A VmmSpec for [address, address + size) of VMM memory: one exported
+    descriptor per allocation holding it (owned by the caller: close them),
+    the offset inside the first allocation and the device's UUID. Every
+    retained handle is released on every path, every descriptor closed on
+    every error."""
     if size <= 0:
         raise ValueError("size must be > 0, got %d" % size)
     if drv.mempool(address):
@@ -238,35 +255,65 @@ def export(drv, address, size, device=None):
             "pass it inline or allocate it with that handle type" % address)
     ordinal = drv.device_ordinal(address)
     uuid = drv.device_uuid(ordinal)
-    fd = -1
+    pieces = []  # (fd, allocation size), filled as exported
     try:
         with drv.context(ordinal):  # the calls below need a current context
-            fd, offset, allocation_size = _export_in_context(drv, address, size)
+            offset = _export_in_context(drv, address, size, pieces)
     except BaseException:
-        if fd >= 0:  # the context's pop or release failed after the export
-            os.close(fd)
+        _close_all(fd for fd, _ in pieces)
         raise
-    return VmmSpec(fd=fd, device_uuid=uuid, offset=offset, size=size, address=address,
-                   device=device if device is not None else "cuda:%d" % ordinal,
-                   allocation_size=allocation_size)
+    return VmmSpec(fds=tuple(fd for fd, _ in pieces), device_uuid=uuid, offset=offset, size=size,
+                   address=address, device=device if device is not None else "cuda:%d" % ordinal,
+                   allocation_sizes=tuple(extent for _, extent in pieces))
 
 
-def _export_in_context(drv, address, size):
-    """export()'s steps that need the device's context: (descriptor, offset,
-    allocation size)."""
-    handle = drv.retain_allocation_handle(address)
+def _close_all(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _export_in_context(drv, address, size, pieces):
+    """export()'s steps that need the device's context: appends (descriptor,
+    allocation size) to `pieces` for each allocation from the one holding
+    `address` to the one holding its last byte; returns the offset in the
+    first. The caller closes what `pieces` holds when this raises."""
+    end = address + size
+    cursor = address
+    offset = None
+    while cursor < end:
+        if len(pieces) == MAX_SEGMENTS:
+            raise CudaUnavailableError(
+                "the memory [0x%x, +%d) spans more than %d CUDA allocations (the server's limit "
+                "per buffer; %d bytes are in the first %d): register a smaller tensor, or allocate "
+                "it without expandable_segments" % (address, size, MAX_SEGMENTS,
+                                                    cursor - address, MAX_SEGMENTS))
+        base, extent = _export_one(drv, cursor, address, size, pieces)
+        if offset is None:
+            offset = address - base
+        cursor = base + extent
+    return offset
+
+
+def _export_one(drv, cursor, address, size, pieces):
+    """Exports the allocation holding `cursor` into `pieces`; returns its
+    address range. The retained handle is released on every path."""
+    handle = drv.retain_allocation_handle(cursor)
     fd = -1
     try:
-        base, extent = drv.address_range(address)
-        offset = address - base
-        if offset < 0 or offset + size > extent:
+        base, extent = drv.address_range(cursor)
+        if not base <= cursor < base + extent or (pieces and base != cursor):
+            # The first allocation holds `address`; each next one must start
+            # exactly where the previous one ended (the walk asks at that end).
             raise CudaUnavailableError(
-                "the memory [0x%x, +%d) spans more than one CUDA allocation (the one holding "
-                "it is [0x%x, +%d)); a buffer is one allocation: register a smaller tensor, or "
-                "allocate it without expandable_segments" % (address, size, base, extent))
+                "the driver reports [0x%x, +%d) as the allocation holding 0x%x of the memory "
+                "[0x%x, +%d); this memory cannot be registered by descriptor"
+                % (base, extent, cursor, address, size))
         # The range must be this one allocation, whatever cuMemGetAddressRange
         # reports for VMM mappings: the handle backing its first and last byte
-        # is the one backing `address` (the driver returns the very handle the
+        # is the one backing `cursor` (the driver returns the very handle the
         # memory was mapped with).
         for probe in (base, base + extent - 1):
             other = drv.retain_allocation_handle(probe)
@@ -275,16 +322,13 @@ def _export_in_context(drv, address, size):
                 raise CudaUnavailableError(
                     "the address range [0x%x, +%d) the driver reports for 0x%x is not one CUDA "
                     "allocation; this memory cannot be registered by descriptor"
-                    % (base, extent, address))
+                    % (base, extent, cursor))
         fd = drv.export_fd(handle)
+        pieces.append((fd, extent))  # from now on the caller closes it
     except BaseException:
-        if fd >= 0:
+        if fd >= 0 and (not pieces or pieces[-1][0] != fd):
             os.close(fd)
         drv.release(handle)
         raise
-    try:
-        drv.release(handle)  # the descriptor keeps the allocation reachable
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, offset, extent
+    drv.release(handle)  # the descriptor keeps the allocation reachable
+    return base, extent

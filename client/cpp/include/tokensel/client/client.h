@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -154,6 +155,8 @@ class Client {
   //  - fd {ticket "fd:<n>", offset, size} (LocalFdTicket, what
   //    SharedRegion::RegisterRequest makes): registers descriptor n, as
   //    FD_KIND_CUDA_VMM when fd.device_uuid is set, else as host memory;
+  //  - fd.segments: each "fd:<n>" ticket becomes a ticket of descriptor n
+  //    (FD_KIND_CUDA_VMM), in order;
   //  - fd with a server ticket, and cuda_ipc: sent as they are.
   // Descriptors go over the fd channel (FAILED_PRECONDITION for a TCP
   // target without options.fd_channel).
@@ -173,6 +176,23 @@ class Client {
   absl::StatusOr<v1::BufferInfo> RegisterCudaVmmFd(std::string name, int fd, uint64_t offset,
                                                    uint64_t size, std::string device_uuid,
                                                    uint64_t allocation_size) const;
+  // A CUDA VMM buffer that spans several allocations (PyTorch's
+  // expandable_segments maps a segment as consecutive chunks, each its own
+  // allocation): `segments` in address order, each the descriptor the
+  // caller exported for one allocation (kept and closed by the caller) and
+  // that allocation's size (> 0, whole granules); [offset, offset + size)
+  // counts from the first allocation's start. At most 128 segments (the
+  // server's limit). Sent as PassedFd.segments, one fd channel ticket per
+  // descriptor; a server older than that field does not know it (use
+  // RegisterCudaVmmFd for one allocation).
+  struct CudaVmmSegment {
+    int fd = -1;
+    uint64_t allocation_size = 0;
+  };
+  absl::StatusOr<v1::BufferInfo> RegisterCudaVmmFds(std::string name,
+                                                    const std::vector<CudaVmmSegment>& segments,
+                                                    uint64_t offset, uint64_t size,
+                                                    std::string device_uuid) const;
   // Where RegisterBuffer sends descriptors (empty: nowhere).
   const std::string& fd_channel_path() const { return fd_channel_path_; }
   absl::Status UnregisterBuffer(absl::string_view name) const;

@@ -1,0 +1,66 @@
+// CudaVmmMapping: what one CUDA VMM region holds (one reserved range, one
+// or more imported allocations mapped back to back in it) and its one
+// teardown, Undo(), which every error path of CudaVmmMapper::Map and the
+// region's destructor run. A gate that must run before VMM memory is
+// unmapped (e.g. synchronizing with work that may still use it) hooks into
+// Undo() alone. Device-free: every call goes through CudaVmmDriver.
+#ifndef TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPING_H_
+#define TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPING_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "server/memory/cuda_vmm_driver.h"
+
+namespace tokensel::memory {
+
+// One allocation of a mapping: its imported handle and where it is mapped
+// in the reservation.
+struct VmmMappedSegment {
+  CudaVmmDriver::Handle handle = 0;
+  bool imported = false;
+  uint64_t at = 0;      // offset in the reservation
+  uint64_t length = 0;  // bytes mapped there, from the allocation's start
+  bool mapped = false;
+};
+
+// The acquired parts of one mapping (one reservation, one or more
+// allocations mapped back to back in it), released by Undo(): the one
+// teardown of every error path and of the region's destructor. A gate that
+// must run before memory is unmapped (synchronizing frees) hooks here.
+struct VmmMapping {
+  CudaVmmDriver* driver = nullptr;
+  int device = 0;
+  std::vector<VmmMappedSegment> segments;
+  uint64_t va = 0;
+  uint64_t length = 0;  // the reservation's
+  bool reserved = false;
+  std::shared_ptr<std::atomic<uint64_t>> counted;  // holds `counted_bytes` of the cap
+  uint64_t counted_bytes = 0;
+
+  // Reverse order of acquisition: every mapped segment unmapped (last
+  // first), the reservation freed, every imported handle released (last
+  // first). Exactly what was acquired, nothing else.
+  void Undo();
+};
+
+// Undoes a VmmMapping unless released to a region.
+class VmmMappingGuard {
+ public:
+  explicit VmmMappingGuard(VmmMapping* m) : m_(m) {}
+  ~VmmMappingGuard() {
+    if (m_ != nullptr) m_->Undo();
+  }
+  void Dismiss() { m_ = nullptr; }
+  VmmMappingGuard(const VmmMappingGuard&) = delete;
+  VmmMappingGuard& operator=(const VmmMappingGuard&) = delete;
+
+ private:
+  VmmMapping* m_;
+};
+
+}  // namespace tokensel::memory
+
+#endif  // TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPING_H_
