@@ -187,6 +187,8 @@ absl::Status Server::Init() {
     d.max_async_executes = async_->limits().total;
     d.max_stuck_executes_per_session = async_->limits().stuck_per_session;
     d.max_stuck_executes = async_->limits().stuck_total;
+    d.max_async_executes_per_peer = async_->limits().per_peer;
+    d.max_stuck_executes_per_peer = async_->limits().stuck_per_peer;
   }
 
   FrontEndOptions front;

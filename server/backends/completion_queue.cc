@@ -122,6 +122,8 @@ void CompletionQueue::Release(CompletionWork& work) {
   work.ops.clear();
   work.staging.clear();
   if (work.done_event != nullptr) device_->DestroyEvent(std::exchange(work.done_event, nullptr));
+  if (work.wait_marker != nullptr) device_->DestroyEvent(std::exchange(work.wait_marker, nullptr));
+  work.stuck = nullptr;
   if (work.stream != nullptr) device_->ReleaseStream(std::exchange(work.stream, nullptr));
   // The stream no longer waits on a client's event: the pools may free again.
   if (work.gate != nullptr) std::exchange(work.gate, nullptr)->Leave();
@@ -149,8 +151,19 @@ bool CompletionQueue::Ready(CompletionWork& work, bool* give_up) {
     return *idle;
   }
   if (work.error.ok()) work.error = idle.status();
-  // A failed device runs nothing more: the item completes with the error.
-  if (!device_->CheckUsable().ok()) return true;
+  // A failed context (a sticky error) runs nothing more: the item's work
+  // is over, it completes with the error and its resources go back.
+  if (device_->ContextFailed()) return true;
+  // Only marked out of service (MarkOutOfService, e.g. by another item's
+  // failed queries): the context may still run this item's work (its
+  // stream may still wait on a client's event). Completing it would return
+  // blocks the kernels may still use, the stream to the idle list and the
+  // gate (a Leave may open it, and the pools' frees synchronize behind the
+  // stream): it is abandoned instead (the fourth review).
+  if (!device_->CheckUsable().ok()) {
+    *give_up = true;
+    return false;
+  }
   // A device still usable: queried again later, but not for ever (top of
   // completion_queue.h): a query that keeps failing without a sticky error
   // says nothing of the stream's work, which may still run; the device is
@@ -165,6 +178,24 @@ bool CompletionQueue::Ready(CompletionWork& work, bool* give_up) {
     *give_up = true;
   }
   return false;
+}
+
+void CompletionQueue::CheckStuck(CompletionWork& work) {
+  if (!work.stuck || Clock::now() < work.stuck_at) return;
+  // The marker is done exactly when the stream got past the client's wait:
+  // then the request is only slow, never stuck. A failed query says
+  // nothing of the wait: counted as stuck (the safe side for the caps).
+  if (work.wait_marker != nullptr) {
+    const absl::StatusOr<bool> passed = device_->EventDone(work.wait_marker);
+    if (passed.ok() && *passed) {
+      work.stuck = nullptr;
+      return;
+    }
+  }
+  try {
+    std::exchange(work.stuck, nullptr)();
+  } catch (...) {  // the completion thread goes on; the ticket still completes at the end
+  }
 }
 
 void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
@@ -185,6 +216,8 @@ void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
   work.ops.clear();  // the args' host copies; the workspaces are forgotten
   work.staging.clear();
   work.done_event = nullptr;
+  work.wait_marker = nullptr;
+  work.stuck = nullptr;
   work.gate = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -234,6 +267,7 @@ int CompletionQueue::Poll() {
     if (give_up) {
       Abandon(*it, it->error);
     } else if (!ready) {
+      CheckStuck(*it);
       ++it;
       continue;
     } else {

@@ -24,11 +24,21 @@
 // QueryStream instead: the queue NEVER synchronizes a stream on the host
 // (it may wait on a client's event that never completes). A failed query
 // completes the item with that error (instead of the ops' outcomes) once
-// the device is out of service (a failed context runs nothing more);
-// otherwise the item stays and is queried again. An exception while
+// the device's context failed (StreamDevice::ContextFailed: a sticky
+// error; it runs nothing more); if the device is merely marked out of
+// service (MarkOutOfService: its context may still run the item's work)
+// the item is ABANDONED (below), never completed and released; otherwise
+// the item stays and is queried again. An exception while
 // completing an item (std::bad_alloc formatting a message, a hold's
 // destructor) is caught: `done` still runs (with INTERNAL if it had not),
 // so the request's ticket is never lost.
+//
+// Stuck items (the fourth review): an item with a `stuck` callback (an
+// async request with a client wait) whose wait's marker has not completed
+// at its stuck_at gets the callback run once (its ticket then counts as
+// stuck, not in flight: AsyncRequests); the item stays pending as before.
+// A marker seen complete (the wait passed, the work is only slow) clears
+// the callback.
 //
 // Failed queries: a query that fails without a sticky error is asked
 // again (the device may recover), but not for ever: once an item's queries
@@ -86,6 +96,12 @@ struct CompletionWork {
   std::vector<LeaseSink::PendingOp> ops;
   std::vector<std::shared_ptr<void>> holds;
   std::function<void(absl::Status)> done;  // may be empty
+  // Async chains with a wait (stream_chain.h): the wait's marker, and the
+  // stuck rule: `stuck` runs once if the marker has not completed at
+  // stuck_at (then cleared; also cleared when the marker is seen done).
+  StreamDevice::Event wait_marker = nullptr;  // private; destroyed at release
+  std::function<void()> stuck;
+  std::chrono::steady_clock::time_point stuck_at;
   FreeGate* gate = nullptr;   // entered for a client wait on the stream; left at release
   bool query_stream = false;  // watched by QueryStream (no event recorded, or it failed)
   bool report = true;         // false: the request answered an error; `done` gets OK
@@ -130,9 +146,12 @@ class CompletionQueue {
  private:
   void Loop();
   // Whether `work` completed (EventDone, or QueryStream: see the top);
-  // sets *give_up when its queries failed for too long (the item is then
-  // abandoned with work.error).
+  // sets *give_up when its queries failed for too long, or failed on a
+  // device marked out of service (the item is then abandoned with
+  // work.error).
   bool Ready(CompletionWork& work, bool* give_up);
+  // The stuck rule for a pending `work` (top of this file).
+  void CheckStuck(CompletionWork& work);
   // Returns the blocks, event, stream and holds of `work`.
   void Release(CompletionWork& work);
   // Runs `done` with `error` and leaks the rest (top of this file).

@@ -165,6 +165,9 @@ bool CudaBackend::OnDevice(absl::string_view device_uuid) const {
 
 bool CudaBackend::NoteError(int err, absl::string_view where) {
   const auto code = static_cast<cudaError_t>(err);
+  // Apart from failed_ (which MarkOutOfService sets too): the completion
+  // queue releases an item's resources only after a sticky error.
+  if (kc::IsStickyError(code)) sticky_.store(true, std::memory_order_release);
   if (kc::IsStickyError(code) && !failed_.load(std::memory_order_acquire)) {
     absl::MutexLock lock(&failure_mu_);
     if (failure_.empty()) {

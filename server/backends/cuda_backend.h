@@ -174,6 +174,7 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   absl::StatusOr<bool> EventDone(Event event) override;
   absl::StatusOr<bool> QueryStream(kernels::cuda::Stream stream) override;
   void MarkOutOfService(absl::string_view why) override;
+  bool ContextFailed() const override { return sticky_.load(std::memory_order_acquire); }
   // A failed call on a client's event (client_event_error.h): the request's
   // error, the device marked failed only if a probe of it confirms.
   absl::Status ClientEventFailed(int code, const char* call, absl::string_view field);
@@ -199,7 +200,8 @@ class CudaBackend final : public core::Backend, private StreamDevice {
 
   core::DeviceDescription device_;
   std::string label_;                // "cuda:<ordinal>"
-  std::atomic<bool> failed_{false};  // a sticky error was seen; never reset
+  std::atomic<bool> failed_{false};  // out of service (sticky error or marked); never reset
+  std::atomic<bool> sticky_{false};  // a sticky error was seen (ContextFailed); never reset
   mutable absl::Mutex failure_mu_;
   std::string failure_ ABSL_GUARDED_BY(failure_mu_);  // which error, where
   // Closed while a stream waits on a client's event: the pools then do not

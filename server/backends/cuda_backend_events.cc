@@ -241,8 +241,7 @@ absl::StatusOr<std::unique_ptr<core::RequestChain>> CudaBackend::BeginChain(
   ASSIGN_OR_RETURN(
       std::unique_ptr<StreamChain> chain,
       StreamChain::Begin(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_},
-                         &completions_, std::move(wait), std::move(record), async,
-                         absl::StrCat(label_, " (", device_.uuid, ")")));
+                         &completions_, std::move(wait), std::move(record), async));
   return std::unique_ptr<core::RequestChain>(std::move(chain));
 }
 

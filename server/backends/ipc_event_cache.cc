@@ -33,6 +33,9 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
   ASSIGN_OR_RETURN(const StreamDevice::Event opened, device_->OpenIpcEvent(handle, field));
   auto event = std::make_shared<IpcEvent>(device_, opened);
   ++opens_;
+  // The session ended meanwhile (ipc_event_cache.h): this request's event
+  // alone, not cached (no entry would ever be removed again).
+  if (ended_.count(session) > 0) return event;
   Lru& lru = sessions_[session];
   lru.emplace_front(key, event);
   if (lru.size() > per_session_) {
@@ -47,6 +50,14 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
 void IpcEventCache::EndSession(const std::string& session) {
   Lru dropped;  // destroyed (the events released) after the lock is released
   tokensel::MutexLock lock(&mu_);
+  // The tombstone first, also for a session that cached nothing (yet).
+  if (ended_.insert(session).second) {
+    ended_order_.push_back(session);
+    if (ended_order_.size() > kEndedKept) {
+      ended_.erase(ended_order_.front());
+      ended_order_.pop_front();
+    }
+  }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   dropped.swap(it->second);

@@ -6,7 +6,17 @@
 // Bound: at most `per_session` (default 64) events per session; opening one
 // more drops the session's least recently used (LRU, not an error: a client
 // cycling through many events is served, it only pays the opens again).
-// EndSession drops all of the session's. A dropped event is destroyed when
+// EndSession drops all of the session's and leaves a tombstone: a Get for
+// an ended session (a request that passed its session check just before
+// the session ended: the client disconnected mid-request) opens the event
+// for that request alone, uncached (destroyed when the request lets go),
+// and never recreates the session's entry, which nothing would remove
+// again (the fourth review: up to `per_session` opened events leaked per
+// race, repeatable). Tombstones are kept for the last kEndedKept (4096)
+// ended sessions (session ids are never reused); a Get that comes after
+// 4096 other sessions ended since its own did would still cache (then
+// leaked until the process ends; not prevented, only made far-fetched).
+// A dropped event is destroyed when
 // the last request still using it lets go (IpcEvent is shared with the
 // chain and the queued work item): cudaEventDestroy of an event whose
 // record is still pending is legal (the driver releases it once the record
@@ -43,9 +53,11 @@
 #define TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
 
 #include <cstddef>
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -82,6 +94,8 @@ class IpcEventCache {
   absl::StatusOr<std::shared_ptr<IpcEvent>> Get(const std::string& session,
                                                 absl::string_view handle, absl::string_view field);
   void EndSession(const std::string& session);
+  // How many ended sessions are remembered (tombstones, above).
+  static constexpr size_t kEndedKept = 4096;
 
   size_t cached(const std::string& session) const;
   size_t opens() const;  // OpenIpcEvent calls that succeeded so far
@@ -94,6 +108,8 @@ class IpcEventCache {
   const size_t per_session_;
   mutable tokensel::Mutex mu_;
   std::map<std::string, Lru> sessions_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> ended_ ABSL_GUARDED_BY(mu_);          // tombstones
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);  // oldest first
   size_t opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -22,7 +22,7 @@ StreamChain::StreamChain(StreamDevice* device, StreamPools pools, CompletionQueu
 
 absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
     StreamDevice* device, StreamPools pools, CompletionQueue* queue, std::shared_ptr<IpcEvent> wait,
-    std::shared_ptr<IpcEvent> record, bool async, absl::string_view device_name) {
+    std::shared_ptr<IpcEvent> record, bool async) {
   std::unique_ptr<StreamChain> chain(new StreamChain(device, pools, queue, async));
   chain->wait_ = std::move(wait);
   chain->record_ = std::move(record);
@@ -32,32 +32,31 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
   // must not cudaEventDestroy an event a queued wait or record still uses.
   if (chain->wait_ != nullptr) w.holds.push_back(chain->wait_);
   if (chain->record_ != nullptr) w.holds.push_back(chain->record_);
-  // The private event before the stream: the hand-off then never lacks
-  // one, and a failure here leaves nothing queued.
+  // The private events before the stream: the hand-off then never lacks
+  // one, and a failure here leaves nothing queued. An async chain with a
+  // wait has a second one, the wait's marker (a sync chain's marker is its
+  // completion event, recorded again at the end).
   ASSIGN_OR_RETURN(w.done_event, device->CreateEvent());
+  if (async && chain->wait_ != nullptr) {
+    absl::StatusOr<StreamDevice::Event> marker = device->CreateEvent();
+    if (!marker.ok()) {
+      device->DestroyEvent(std::exchange(w.done_event, nullptr));
+      return marker.status();
+    }
+    w.wait_marker = *marker;
+  }
   absl::StatusOr<StreamDevice::Stream> stream = device->AcquireStream();
   if (!stream.ok()) {
     device->DestroyEvent(std::exchange(w.done_event, nullptr));
+    if (w.wait_marker != nullptr) device->DestroyEvent(std::exchange(w.wait_marker, nullptr));
     return stream.status();
   }
   w.stream = *stream;
-  // From here the chain owns the stream and the event (its destructor
-  // returns them). The record_event check (stream_chain.h), before the
-  // wait unless the two are one event (then right after it).
-  const bool one_event = chain->record_ != nullptr && chain->record_ == chain->wait_;
-  auto check_record = [&]() -> absl::Status {
-    if (chain->record_ == nullptr) return absl::OkStatus();
-    absl::Status st = device->RecordEvent(chain->record_->get(), w.stream, "record_event");
-    if (st.ok() || st.code() == absl::StatusCode::kUnavailable) return st;  // device failed
-    return absl::FailedPreconditionError(absl::StrCat(
-        "record_event cannot be recorded on ", device_name,
-        ", the device of this request's buffers (an event created on another device, or "
-        "destroyed?); nothing ran: ",
-        st.message()));
-  };
-  if (!one_event) RETURN_IF_ERROR(check_record());
-  // The wait comes first on the stream: every staging copy, fill and kernel
-  // of the request is ordered after the client's work.
+  // From here the chain owns the stream and the events (its destructor
+  // returns them). Nothing is recorded on record_event before the ops (no
+  // check of its device: stream_chain.h). The wait comes first on the
+  // stream: every staging copy, fill and kernel of the request is ordered
+  // after the client's work.
   if (chain->wait_ != nullptr) {
     // No pool frees while the stream may wait (block_pool.h, FreeGate):
     // entered before the wait is queued, left when the stream is released.
@@ -65,11 +64,13 @@ absl::StatusOr<std::unique_ptr<StreamChain>> StreamChain::Begin(
       pools.gate->Enter();
       w.gate = pools.gate;
     }
+    chain->wait_began_ = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(device->WaitEvent(w.stream, chain->wait_->get(), "wait_event"));
-    if (one_event) RETURN_IF_ERROR(check_record());
-    // Sync: the marker AwaitWait polls (stream_chain.h: not the client's
-    // event, which the client may record again meanwhile).
-    if (!async) RETURN_IF_ERROR(device->RecordEvent(w.done_event, w.stream, "the wait's marker"));
+    // The marker the host (sync: AwaitWait) or the completion queue (async:
+    // the stuck rule) polls (stream_chain.h: not the client's event, which
+    // the client may record again meanwhile).
+    RETURN_IF_ERROR(
+        device->RecordEvent(async ? w.wait_marker : w.done_event, w.stream, "the wait's marker"));
   }
   return chain;
 }
@@ -167,7 +168,7 @@ absl::Status StreamChain::HandOff() {
   return marked;
 }
 
-absl::Status StreamChain::Commit(DoneFn done) {
+absl::Status StreamChain::Commit(DoneFn done, StuckFn stuck) {
   if (committed_) return absl::FailedPreconditionError("cuda backend: a chain commits once");
   committed_ = true;
   CompletionWork& w = work();
@@ -176,7 +177,7 @@ absl::Status StreamChain::Commit(DoneFn done) {
   // stopped or failed): nothing ran; the stream may still wait on the
   // client's event, so it is not drained here (that could block for ever)
   // but completed off-thread; the client's record_event is not recorded
-  // after it (the request failed; only Begin's check: stream_chain.h).
+  // (the request failed; nothing of it was: stream_chain.h).
   if (!async_ && !MaySynchronize()) return HandOff();
   absl::Status recorded = absl::OkStatus();
   // After the last op (and its copies) on the stream: the client's wait on
@@ -184,6 +185,12 @@ absl::Status StreamChain::Commit(DoneFn done) {
   if (record_ != nullptr) recorded = device_->RecordEvent(record_->get(), w.stream, "record_event");
   if (async_) {
     if (!recorded.ok()) w.report = false;  // answered now, not deferred
+    // The stuck rule (stream_chain.h): the queue calls `stuck` once if the
+    // wait's marker has not completed kAsyncStuckAfter after the wait began.
+    if (wait_ != nullptr && stuck) {
+      w.stuck = std::move(stuck);
+      w.stuck_at = wait_began_ + stuck_after_;
+    }
     const absl::Status marked = HandOff();
     return recorded.ok() ? marked : recorded;
   }

@@ -4,14 +4,14 @@
 //
 // One stream (from the device's pool) for every op of the Execute:
 //   Begin:   the private completion event is created first (so that the
-//            hand-off below cannot fail for want of one); then the client's
-//            record_event is checked (below); then the stream waits on the
-//            client's wait_event (WaitEvent), before any op stages
-//            anything; a sync chain then records its private event right
-//            after the wait (the wait's marker, below);
+//            hand-off below cannot fail for want of one; an async chain
+//            with a wait creates its wait's marker too); then the stream
+//            waits on the client's wait_event (WaitEvent), before any op
+//            stages anything, and records the wait's marker right after
+//            the wait (below);
 //   BeginOp: a StreamLease on that stream (StreamLease::OnChain);
 //   Commit:  the client's record_event is recorded on the stream after the
-//            last op; then
+//            last op (the only record of it a request makes); then
 //            - sync mode, the host saw the wait complete: the stream is
 //              drained (already idle when an op ran: its Finish
 //              synchronized) and goes back to the pool;
@@ -29,28 +29,34 @@
 // us doubling to 1 ms) until it completed, or until the stop token fires or
 // the poll fails: then the chain is abandoned, and Commit hands the stream
 // (whose only work is the wait) to the CompletionQueue without recording
-// the client's event again (only the record_event check below). Why the marker and not the client's
-// event itself: cudaEventQuery of the client's event reports its LATEST record, which the client
-// may have re-recorded (on an idle stream: done at once) after the stream captured the previous
-// one; the marker is the server's own and is recorded behind exactly the wait the stream holds. The
-// host waits at most kMaxHostWait (60 s) even when the call has no deadline. The record_event
-// check: an event the driver will not record on this device (an event created on another device, or
-// one the client destroyed) would otherwise fail only at Commit, after every op was launched
-// (writing the outputs the client never learns are ready). CUDA has no query for an event's device,
-// so Begin records the client's record_event once on the chain's stream BEFORE its wait (the stream
-// is idle: the record completes at once): the driver accepts or refuses it there, before anything
-// of the request runs. A refusal (the client's code, or another code the device probe does not
-// confirm) is FAILED_PRECONDITION naming record_event and this device; nothing ran. Why before the
-// wait: behind it, the check's record would stay pending as long as the client's wait_event (for
-// ever on a request abandoned at its deadline), and a client waiting on record_event after such an
-// error would hang. Harmless for the client: until Commit's record (after the ops) the event is not
-// the request's to wait on (a wait taken before the reply may see any earlier record); the event
-// shows complete, as an event the server never recorded does. Except when record_event IS the
-// wait_event (one event, ping-pong): recorded before the wait, the check
-// would replace the record the wait must capture (the stream would not
-// wait for the client's work), so then the check comes right after the
-// wait (the wait succeeded there, so the device accepts the event; a
-// record can still fail, and then only behind the wait).
+// the client's event. Why the marker and not the client's event itself:
+// cudaEventQuery of the client's event reports its LATEST record, which the
+// client may have re-recorded (on an idle stream: done at once) after the
+// stream captured the previous one; the marker is the server's own and is
+// recorded behind exactly the wait the stream holds. The host waits at most
+// kMaxHostWait (60 s) even when the call has no deadline.
+// Async chains with a wait (the fourth review): the completion queue looks
+// at the wait's marker once kAsyncStuckAfter (the same 60 s; set_max_host_wait
+// sets both) passed since the wait was queued: not completed, the request's
+// `stuck` callback runs (AsyncRequests: it moves from in flight to stuck),
+// so async requests whose client never records its event cannot hold the
+// admission caps for ever either.
+// No record_event check (the fourth review): an earlier version recorded
+// record_event once in Begin, on the idle stream, to learn before any op
+// ran whether the driver refused an event of another device. Dropped: (1)
+// cudaIpcOpenEventHandle creates the event in OUR context, and a record
+// needs only event and stream of one context, so the driver most likely
+// records such an event without complaint (unverified: no two-GPU device
+// here); (2) it broke the event's meaning: between Begin and Commit the
+// event's latest record was one already complete, so a consumer that
+// waited on record_event then (e.g. after the reply of an earlier request
+// with the same record_event) read that request's outputs before its
+// kernels ran, and a request failing after Begin left the event complete.
+// So an event of another device is NOT detected before the ops run: if the
+// driver refuses it at Commit, the request fails with that error
+// (classified as any client event's: client_event_error.h) after its ops
+// ran; if it accepts it, it is recorded. The client must pass events
+// created on the device of the request's buffers (docs/server.md).
 // A chain destroyed without Commit (the request failed before it got
 // there, an exception included) drains its stream if that is safe (above),
 // or else hands it to the queue, and returns everything, calling no `done`.
@@ -67,7 +73,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "server/backends/completion_queue.h"
 #include "server/backends/ipc_event_cache.h"
 #include "server/backends/stream_lease.h"
@@ -82,21 +87,27 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
                                                             CompletionQueue* queue,
                                                             std::shared_ptr<IpcEvent> wait,
                                                             std::shared_ptr<IpcEvent> record,
-                                                            bool async,
-                                                            absl::string_view device_name);
+                                                            bool async);
   ~StreamChain() override;
 
   bool async() const override { return async_; }
   absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginOp(std::string label) override;
   void Hold(std::shared_ptr<void> keep) override;
   absl::Status AwaitWait(const kernels::StopToken* stop) override;
-  absl::Status Commit(DoneFn done) override;
+  absl::Status Commit(DoneFn done, StuckFn stuck) override;
 
   // The longest a sync request's host waits for the client's event
   // (AwaitWait) when its call has no earlier deadline: then
   // DEADLINE_EXCEEDED naming wait_event, and the chain is abandoned.
   static constexpr std::chrono::milliseconds kMaxHostWait{60000};
-  void set_max_host_wait(std::chrono::milliseconds wait) { max_host_wait_ = wait; }
+  // How long an async chain's wait may stay unpassed before the request
+  // counts as stuck (top of this file): the same bound.
+  static constexpr std::chrono::milliseconds kAsyncStuckAfter = kMaxHostWait;
+  // Sets both (tests).
+  void set_max_host_wait(std::chrono::milliseconds wait) {
+    max_host_wait_ = wait;
+    stuck_after_ = wait;
+  }
 
   // The chain's stream; null after Commit (the item went to the queue).
   StreamDevice::Stream stream() const { return node_.empty() ? nullptr : work().stream; }
@@ -125,6 +136,8 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   std::shared_ptr<IpcEvent> record_;
   std::list<CompletionWork> node_;  // one item; spliced into the queue by Commit
   std::chrono::milliseconds max_host_wait_ = kMaxHostWait;
+  std::chrono::milliseconds stuck_after_ = kAsyncStuckAfter;
+  std::chrono::steady_clock::time_point wait_began_;  // the wait was queued
   bool committed_ = false;
   bool wait_passed_ = false;     // AwaitWait saw the wait's marker complete
   size_t staging_promised_ = 0;  // reserved, not adopted yet

@@ -112,6 +112,11 @@ class StreamDevice {
   // failing without a sticky error (CompletionQueue: a query that never
   // succeeds again).
   virtual void MarkOutOfService(absl::string_view why) = 0;
+  // Whether the device's context itself failed (a sticky error was seen: it
+  // runs nothing more, every stream's work is over). Not set by
+  // MarkOutOfService, after which the context may still run queued work
+  // (CompletionQueue abandons such work instead of releasing it).
+  virtual bool ContextFailed() const = 0;
 
   // Events (CUDA IPC events of Execute; stream_chain.h).
   using Event = void*;  // cudaEvent_t

@@ -5,12 +5,12 @@
 // Executes that wait on a client event are admitted too (their stream may
 // be left waiting on it: RequestChain::AwaitWait), never with an error.
 //
-//   ASSIGN_OR_RETURN(AsyncRequests::Ticket t, async.Admit(session));
+//   ASSIGN_OR_RETURN(AsyncRequests::Ticket t, async.Admit(session, peer, may_stick));
 //   ... chain->Commit([t = std::move(t)](absl::Status s) mutable { t.Complete(s); });
 //
 // Caps: Admit answers RESOURCE_EXHAUSTED (counted in rejected()) when the
-// session already has `per_session` in flight or the server `total`; nothing
-// of the request runs. Each in-flight request holds a stream, its staging,
+// session already has `per_session` in flight, its peer `per_peer` or the
+// server `total`; nothing of the request runs. Each in-flight request holds a stream, its staging,
 // its workspaces and its memory reservation until the completion thread is
 // done with it, so the caps bound what clients that never wait can pin.
 //
@@ -21,20 +21,28 @@
 // is the ticket's). Later errors while one is kept are dropped (counted in
 // dropped_errors()): the first one names the request the client must redo.
 //
-// Abandoned requests (Ticket::Abandon): a sync Execute whose host wait on
-// the client's wait_event ended (its deadline, the server's maximum wait)
-// leaves its stream waiting on that event until the event completes, which
-// a client may never let happen. Such a request stops counting against the
-// admission caps above (per_session, total: those are for requests that
-// will complete) and counts as *stuck* instead, under caps of its own:
-// stuck_per_session (4) and stuck_total (64). Admit of a request that may
-// be left stuck (it has a wait_event: `may_stick`) is RESOURCE_EXHAUSTED
-// when its session already has stuck_per_session stuck requests, or the
-// server stuck_total. So one session's events that never complete can pin
-// at most stuck_per_session streams and cannot take the server-wide
-// admission (or the stuck cap: stuck_per_session < stuck_total) from other
-// sessions; requests without a wait_event are never refused for stuck ones.
-// A stuck request completes (its ticket) when its event finally completes.
+// Abandoned requests (Ticket::Abandon): a request whose stream may wait on
+// the client's wait_event for ever: a sync Execute whose host wait ended
+// (its deadline, the server's maximum wait), and an async one whose wait
+// had not passed 60 s after it began (StreamChain::kAsyncStuckAfter, the
+// bound of a sync host wait; the completion queue watches the wait's
+// marker and calls Ticket::Abandon: stream_chain.h). Such a request stops counting
+// against the admission caps above (those are for requests that will
+// complete) and counts as *stuck* instead, under caps of its own:
+// stuck_per_session (4), stuck_per_peer (16) and stuck_total (64). Admit of
+// a request that may be left stuck (it has a wait_event: `may_stick`) is
+// RESOURCE_EXHAUSTED when its session, its peer or the server already has
+// that many stuck requests. A stuck request completes (its ticket) when its
+// event finally completes.
+//
+// Per peer (the fourth review): every cap counts per session, per peer
+// (`peer`: core::Peer::Principal() of the caller, the identity
+// max_sessions_per_peer counts; "" in tests) and in the server, and
+// per_peer < total, stuck_per_peer < stuck_total. So one peer, however many
+// sessions it opens (up to max_sessions_per_peer, 256), holds at most
+// per_peer (64) in flight and stuck_per_peer (16) stuck: it cannot take the
+// server-wide admission (or the stuck cap) from other peers; requests
+// without a wait_event are never refused for stuck ones.
 //
 // WaitSession / WaitAll block until nothing is in flight or stuck (for the session /
 // anywhere), polling `check` (a stop token) every few milliseconds: its
@@ -65,6 +73,8 @@ struct AsyncLimits {
   uint32_t total = 256;            // ... in the whole server
   uint32_t stuck_per_session = 4;  // abandoned on a client's wait_event, per session
   uint32_t stuck_total = 64;       // ... in the whole server
+  uint32_t per_peer = 64;          // in flight, all the sessions of one peer together
+  uint32_t stuck_per_peer = 16;    // stuck, ... of one peer
 };
 
 class AsyncRequests {
@@ -88,10 +98,11 @@ class AsyncRequests {
 
    private:
     friend class AsyncRequests;
-    Ticket(AsyncRequests* owner, std::string session, uint64_t number)
-        : owner_(owner), session_(std::move(session)), number_(number) {}
+    Ticket(AsyncRequests* owner, std::string session, std::string peer, uint64_t number)
+        : owner_(owner), session_(std::move(session)), peer_(std::move(peer)), number_(number) {}
     AsyncRequests* owner_ = nullptr;
     std::string session_;
+    std::string peer_;
     uint64_t number_ = 0;
     bool stuck_ = false;
   };
@@ -101,9 +112,10 @@ class AsyncRequests {
       : limits_(limits), metrics_(metrics) {}
   ~AsyncRequests();  // waits for every ticket (none may outlive this)
 
-  // `may_stick`: the request has a wait_event (it may be abandoned and
-  // left stuck); then the stuck caps apply too.
-  absl::StatusOr<Ticket> Admit(const std::string& session, bool may_stick = false);
+  // For `session` of `peer` (Peer::Principal()). `may_stick`: the request
+  // has a wait_event (it may be abandoned and left stuck); then the stuck
+  // caps apply too.
+  absl::StatusOr<Ticket> Admit(const std::string& session, const std::string& peer, bool may_stick);
   absl::Status TakeDeferred(const std::string& session);
   absl::Status WaitSession(const std::string& session, const std::function<absl::Status()>& check);
   bool WaitAll(absl::Duration timeout);
@@ -115,6 +127,8 @@ class AsyncRequests {
   // Abandoned requests whose event has not completed yet.
   uint32_t stuck() const;
   uint32_t stuck(const std::string& session) const;
+  uint32_t peer_inflight(const std::string& peer) const;
+  uint32_t peer_stuck(const std::string& peer) const;
   uint64_t rejected() const;
   uint64_t dropped_errors() const;
 
@@ -126,9 +140,17 @@ class AsyncRequests {
     absl::Status deferred;
     bool ended = false;
   };
-  void Complete(const std::string& session, uint64_t number, bool stuck,
+  struct Counts {
+    uint32_t inflight = 0;
+    uint32_t stuck = 0;
+  };
+  void Complete(const std::string& session, const std::string& peer, uint64_t number, bool stuck,
                 const absl::Status& status);
-  void Abandon(const std::string& session);
+  void Abandon(const std::string& session, const std::string& peer);
+  // RESOURCE_EXHAUSTED naming `where` ("in this session", ...) when `count`
+  // reached `limit`. Requires mu_ (counts the refusal).
+  absl::Status Refuse(bool stuck, uint32_t count, uint32_t limit, const char* where)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases an ended, idle, error-free session. Requires mu_.
   void MaybeErase(std::map<std::string, Session>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -136,6 +158,7 @@ class AsyncRequests {
   ServiceMetrics* const metrics_;
   mutable tokensel::Mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Counts> peers_ ABSL_GUARDED_BY(mu_);  // erased at zero
   uint32_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t stuck_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;

@@ -159,6 +159,7 @@ class RequestLease {
 class RequestChain {
  public:
   using DoneFn = std::function<void(absl::Status)>;
+  using StuckFn = std::function<void()>;
   virtual ~RequestChain() = default;
   virtual bool async() const = 0;
   // The lease of the next op; `label` ("ops[2] (GatherTokens)") prefixes
@@ -180,7 +181,11 @@ class RequestChain {
   virtual absl::Status AwaitWait(const kernels::StopToken* stop) = 0;
   // Records record_event; async: hands the work to the completion thread.
   // The error of the record, if any (the work is handed over regardless).
-  virtual absl::Status Commit(DoneFn done) = 0;
+  // `stuck` (may be empty; async chains with a wait_event): called once,
+  // before `done`, if the stream's wait on the client's event has not
+  // passed a bound after the chain began (the request then counts as stuck:
+  // AsyncRequests::Ticket::Abandon). Not called once the wait passed.
+  virtual absl::Status Commit(DoneFn done, StuckFn stuck) = 0;
 };
 
 // The backend that serves one request (Backend::Route). Every call the

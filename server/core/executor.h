@@ -80,6 +80,9 @@ struct RunOptions {
   // work completed; null: every evented request is synchronous.
   const IpcEvents* events = nullptr;
   AsyncRequests* async = nullptr;
+  // The caller's Peer::Principal() (the session's owner): `async` caps the
+  // evented Executes per peer too. Empty: not known (tests).
+  std::string peer;
 };
 
 class Executor {

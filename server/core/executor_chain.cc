@@ -62,7 +62,8 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   // Counted (and capped) too: a sync request that waits on a client event,
   // which may leave its stream behind waiting (RequestChain::AwaitWait).
   if (options.async != nullptr && (async || !events.wait.empty())) {
-    ASSIGN_OR_RETURN(held->ticket, options.async->Admit(session, !events.wait.empty()));
+    ASSIGN_OR_RETURN(held->ticket,
+                     options.async->Admit(session, options.peer, !events.wait.empty()));
   }
   Backend& backend = route.backend();
   held->route.emplace(std::move(route));
@@ -73,6 +74,7 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   std::vector<OpResult> results;
   absl::Status status;
   RequestChain::DoneFn done;
+  RequestChain::StuckFn stuck;
   try {
     results.reserve(ops.size());
     // Sync: the host waits for the client's event first, within the call's
@@ -114,6 +116,10 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
       done = [shared, report](const absl::Status& deferred) {
         shared->Complete(report ? deferred : absl::OkStatus());
       };
+      // Async with a wait_event: the completion thread abandons the ticket
+      // (in flight -> stuck) if the stream's wait has not passed after
+      // StreamChain::kAsyncStuckAfter; both calls come from that thread.
+      if (async && !events.wait.empty()) stuck = [shared] { shared->Abandon(); };
     }
   } catch (...) {
     chain->Hold(held);  // cannot throw; ~chain then waits for or hands off the work
@@ -122,7 +128,7 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   // Async: whatever was launched keeps what it uses until it completed.
   // Sync: every op completed; `held` goes with the chain or after it.
   if (async) chain->Hold(held);
-  const absl::Status committed = chain->Commit(std::move(done));
+  const absl::Status committed = chain->Commit(std::move(done), std::move(stuck));
   chain.reset();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(committed);

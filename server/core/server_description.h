@@ -37,6 +37,8 @@ struct ServerDescription {
   uint32_t max_async_executes = 0;
   uint32_t max_stuck_executes_per_session = 0;  // async_requests.h: stuck
   uint32_t max_stuck_executes = 0;
+  uint32_t max_async_executes_per_peer = 0;  // all the sessions of one peer
+  uint32_t max_stuck_executes_per_peer = 0;
 };
 
 }  // namespace tokensel::core

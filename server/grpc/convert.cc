@@ -336,6 +336,8 @@ void ServerInfoToProto(const core::ServerDescription& desc, v1::ServerInfo* out)
   limits->set_max_async_executes(desc.max_async_executes);
   limits->set_max_stuck_executes_per_session(desc.max_stuck_executes_per_session);
   limits->set_max_stuck_executes(desc.max_stuck_executes);
+  limits->set_max_async_executes_per_peer(desc.max_async_executes_per_peer);
+  limits->set_max_stuck_executes_per_peer(desc.max_stuck_executes_per_peer);
   out->set_shm_prefix(desc.shm_prefix);
   for (const std::string& kind : desc.memory_kinds) out->add_memory_kinds(kind);
   out->set_fd_channel(desc.fd_channel);

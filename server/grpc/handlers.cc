@@ -50,10 +50,12 @@ absl::StatusOr<core::SessionInfo> Handlers::TouchSession(
     return absl::InvalidArgumentError(
         absl::StrCat("missing ", kSessionMetadataKey, " metadata (call OpenSession first)"));
   }
-  ASSIGN_OR_RETURN(absl::Duration ttl, deps_.sessions->Touch(*id, PeerOf(ctx)));
+  const core::Peer peer = PeerOf(ctx);
+  ASSIGN_OR_RETURN(absl::Duration ttl, deps_.sessions->Touch(*id, peer));
   core::SessionInfo info;
   info.id = std::move(*id);
   info.ttl = ttl;
+  info.owner = peer.Principal();  // Touch checked: the caller is the owner
   return info;
 }
 

@@ -48,12 +48,15 @@ grpc::ServerUnaryReactor* TokenSelectService::SessionCall(grpc::CallbackServerCo
   if (!ticket.ok()) return Finish(reactor, timer, ticket.status());
   // The stop token and the memory reservation live until the reply is
   // finished: the results the work leaves in `response` stay counted.
-  auto run = [ctx, budget = deps.executor->budget(),
-              work = std::move(work)](const std::string& id) mutable {
+  // The caller's principal (the session's owner) goes with the options:
+  // the evented Executes are capped per peer too (AsyncRequests).
+  auto run = [ctx, budget = deps.executor->budget(), work = std::move(work),
+              peer = std::move(session->owner)](const std::string& id) mutable {
     CallStopToken stop(ctx);
     core::MemoryBudget::Reservation memory =
         budget != nullptr ? budget->Open() : core::MemoryBudget::Reservation();
-    const core::RunOptions options{&stop, &memory};
+    core::RunOptions options{&stop, &memory};
+    options.peer = peer;
     return NoThrow([&] { return work(id, options); });
   };
   if (where == RunOn::kCallbackThread) {

@@ -130,7 +130,8 @@ StreamReactor::Outgoing StreamReactor::Answer(Pending pending) const {
   if (budget != nullptr) out.memory = budget->Open();
   absl::Status status = pending.ticket.status();
   if (status.ok()) {
-    const core::RunOptions options{&stop_, &out.memory};
+    core::RunOptions options{&stop_, &out.memory};
+    options.peer = peer_.Principal();  // the evented Executes' per-peer caps
     status = NoThrow([&] { return Dispatch(pending.request, &out.response, options); });
   }
   if (!status.ok()) {

@@ -36,9 +36,17 @@ class ThreadSafeDevice final : public StreamDevice {
     return absl::InvalidArgumentError("bad ids");
   }
   absl::Status Drain(Stream, absl::Status status) override { return status; }
-  absl::Status CheckUsable() const override { return {}; }
-  absl::StatusOr<bool> QueryStream(Stream) override { return false; }
+  absl::Status CheckUsable() const override {
+    return marked_out_of_service.load() > 0 || sticky.load()
+               ? absl::UnavailableError("out of service")
+               : absl::OkStatus();
+  }
+  absl::StatusOr<bool> QueryStream(Stream) override {
+    if (fail_queries.load()) return absl::InternalError("injected stream query failure");
+    return false;
+  }
   void MarkOutOfService(absl::string_view) override { ++marked_out_of_service; }
+  bool ContextFailed() const override { return sticky.load(); }
   absl::StatusOr<Event> OpenIpcEvent(absl::string_view, absl::string_view) override {
     return absl::UnimplementedError("");
   }
@@ -48,6 +56,7 @@ class ThreadSafeDevice final : public StreamDevice {
   absl::Status RecordEvent(Event, Stream, absl::string_view) override { return {}; }
   absl::StatusOr<bool> EventDone(Event e) override {
     ++queries;
+    if (fail_queries.load()) return absl::InternalError("injected event query failure");
     std::lock_guard<std::mutex> lock(mu_);
     return done_.count(e) > 0;
   }
@@ -60,6 +69,8 @@ class ThreadSafeDevice final : public StreamDevice {
   std::atomic<int> streams_released{0};
   std::atomic<int> events_destroyed{0};
   std::atomic<int> marked_out_of_service{0};
+  std::atomic<bool> fail_queries{false};  // EventDone and QueryStream fail
+  std::atomic<bool> sticky{false};        // the context failed (ContextFailed)
 
  private:
   std::mutex mu_;
@@ -194,6 +205,58 @@ TEST(CompletionQueueTest, APushAfterShutdownIsNeverLeftPending) {
   EXPECT_EQ(queue.abandoned(), 1u);
   EXPECT_EQ(queue.pending(), 0u);
   EXPECT_EQ(pools.InUse(), 1u) << "its workspace leaked: its work may still run";
+}
+
+// The review's scenario: item A's queries keep failing without a sticky
+// error, so A is abandoned and the device marked out of service; item B's
+// next failed query must abandon B too (its context may still run B's
+// work, B's stream may still wait on a client's event), never complete it:
+// completing returns B's blocks to the pools, its stream to the idle list
+// and leaves the FreeGate (which may open it). Both tickets complete.
+TEST(CompletionQueueTest, AMarkedDeviceAbandonsItemsItCannotQuery) {
+  ThreadSafeDevice device;
+  LeasePools pools(64 << 10, 4 << 20);
+  auto done_calls = std::make_shared<std::atomic<int>>(0);
+  auto deferred = std::make_shared<absl::Status>();
+  CompletionQueue queue(&device, pools.pools());
+  queue.set_failed_query_limit(std::chrono::milliseconds(0));
+  device.fail_queries = true;
+  std::list<CompletionWork> a =
+      Item(pools, reinterpret_cast<StreamDevice::Event>(0x6), done_calls, deferred);
+  std::list<CompletionWork> b =
+      Item(pools, reinterpret_cast<StreamDevice::Event>(0x7), done_calls, deferred);
+  for (std::list<CompletionWork>* item : {&a, &b}) {
+    pools.gate.Enter();  // as a chain with a client wait
+    item->front().gate = &pools.gate;
+    queue.Push(item);
+  }
+  ASSERT_TRUE(Eventually([&] { return done_calls->load() == 2; }));
+  EXPECT_GE(device.marked_out_of_service.load(), 1);
+  EXPECT_EQ(queue.abandoned(), 2u) << "an item was completed on a device only marked";
+  EXPECT_EQ(device.streams_released.load(), 0) << "a stream went back to the idle list";
+  EXPECT_EQ(pools.InUse(), 2u) << "a workspace went back to its pool";
+  EXPECT_FALSE(pools.gate.open()) << "the gate was left";
+  EXPECT_EQ(device.finishes.load(), 0);
+}
+
+// With a sticky error the context runs nothing more: a failed query
+// completes the item (its error the deferred one) and returns everything.
+TEST(CompletionQueueTest, AFailedContextCompletesItsItems) {
+  ThreadSafeDevice device;
+  LeasePools pools(64 << 10, 4 << 20);
+  auto done_calls = std::make_shared<std::atomic<int>>(0);
+  auto deferred = std::make_shared<absl::Status>();
+  CompletionQueue queue(&device, pools.pools());
+  device.fail_queries = true;
+  device.sticky = true;
+  std::list<CompletionWork> node =
+      Item(pools, reinterpret_cast<StreamDevice::Event>(0x8), done_calls, deferred);
+  queue.Push(&node);
+  ASSERT_TRUE(Eventually([&] { return done_calls->load() == 1; }));
+  EXPECT_EQ(deferred->code(), absl::StatusCode::kInternal) << *deferred;
+  EXPECT_EQ(queue.abandoned(), 0u);
+  EXPECT_EQ(device.streams_released.load(), 1);
+  EXPECT_EQ(pools.InUse(), 0u);
 }
 
 }  // namespace

@@ -16,8 +16,10 @@
 // in CUDA, each record is a separate completion: a stream's wait captures
 // the event's record of that moment (a later record of the event does not
 // release it), and EventDone reports the latest record. The client's
-// records: pending_handles (opened as not completed), ClientEventDone,
-// ClientRerecord (the client records the event again on an idle stream).
+// records are kept apart from the server's: pending_handles (the client's
+// first record not completed), ClientEventDone (every client record
+// completes; never a server's), ClientRerecord (the client records the
+// event again on an idle stream), ClientRecord; ClientEventQuery.
 // Progress(stream) is the device doing the stream's queued work WITHOUT any
 // host synchronization (nothing is logged): what a completion thread
 // observes through EventDone / QueryStream. Waits and event records at the
@@ -139,12 +141,18 @@ class FakeStreamDevice final : public StreamDevice {
     usable = false;
     out_of_service_why = std::string(why);
   }
+  bool ContextFailed() const override { return sticky; }
+  // A sticky error: out of service, and the context runs nothing more.
+  void FailContext() {
+    usable = false;
+    sticky = true;
+  }
 
   // Events.
   using Record = std::shared_ptr<bool>;  // one record of an event: done?
   struct FakeEvent {
     std::string handle;  // empty: a private (completion) event
-    Record record;       // the latest; null: never recorded (complete, as in CUDA)
+    Record record;       // private: the latest; null: never recorded (complete, as in CUDA)
     bool destroyed = false;
   };
   absl::StatusOr<Event> OpenIpcEvent(absl::string_view handle, absl::string_view field) override {
@@ -181,7 +189,7 @@ class FakeStreamDevice final : public StreamDevice {
     return backends::ClientEventError(field, call, "injected", client_code, [this] {
       ++probes;
       if (!probe_fails) return absl::OkStatus();
-      usable = false;
+      FailContext();  // the probe's sticky error
       return absl::UnavailableError("fake device out of service (probe)");
     });
   }
@@ -199,12 +207,15 @@ class FakeStreamDevice final : public StreamDevice {
     RETURN_IF_ERROR(CheckUsable());
     auto* ev = static_cast<FakeEvent*>(e);
     EXPECT_FALSE(ev->destroyed) << "recorded a destroyed event";
-    if (ev->handle.empty() && fail_record_private) {
+    // The completion event's record (not the wait's marker).
+    if (ev->handle.empty() && fail_record_private && !absl::StartsWith(field, "the wait's")) {
       return absl::InternalError("injected private record failure");
     }
     if (!ev->handle.empty() && client_event_error != 0 && fail_client_call == "record") {
       return ClientEventFailure(field, "cudaEventRecord");
     }
+    // A server record: a record of its own, completed only by this stream
+    // (never by the client's ClientEventDone); the event's latest from now.
     Record r = std::make_shared<bool>(false);
     RecordOf(ev) = r;
     const char* what = !ev->handle.empty()                     ? "record"
@@ -220,22 +231,30 @@ class FakeStreamDevice final : public StreamDevice {
   // The device runs `s`'s queued work (no host call, nothing logged), up to
   // a wait whose record is pending.
   void Progress(Stream s) { Run(s, /*all=*/true); }
-  // The client's work before its event's current record completed.
+  // The client's work before its records of the event completed: every
+  // record the CLIENT made of it (not the server's records, which complete
+  // when their stream gets there).
   void ClientEventDone(const std::string& handle) {
     pending_handles.erase(handle);
-    Record& r = client_records_[handle];
-    if (r != nullptr) *r = true;
-    for (Record& old : earlier_records_[handle]) *old = true;
+    LatestOf(handle);  // its first record, if none yet
+    for (Record& r : client_records_[handle]) *r = true;
     RunReady();
   }
   // The client records its event again, on an idle stream: the new record
   // is complete at once; the previous one (a wait may hold it) is not.
-  void ClientRerecord(const std::string& handle) {
+  void ClientRerecord(const std::string& handle) { ClientRecord(handle, /*done=*/true); }
+  // The client records its event behind work of its own (not done until
+  // ClientEventDone).
+  void ClientRecord(const std::string& handle, bool done = false) {
     pending_handles.erase(handle);
-    Record& r = client_records_[handle];
-    if (r != nullptr) earlier_records_[handle].push_back(r);
-    r = std::make_shared<bool>(true);
+    LatestOf(handle);
+    Record r = std::make_shared<bool>(done);
+    client_records_[handle].push_back(r);
+    latest_[handle] = r;
   }
+  // What cudaEventQuery of the client's event reports: its latest record
+  // (the client's or the server's) completed.
+  bool ClientEventQuery(const std::string& handle) { return *LatestOf(handle); }
   size_t live_events() const {
     size_t n = 0;
     for (const auto& e : events_) n += e->destroyed ? 0 : 1;
@@ -254,7 +273,7 @@ class FakeStreamDevice final : public StreamDevice {
   bool probe_fails = false;
   int probes = 0;
   bool fail_create_event = false;
-  bool fail_record_private = false;
+  bool fail_record_private = false;  // the completion event's record fails
   bool fail_stream_query = false;
   bool fail_event_query = false;
   int streams_created = 0;
@@ -264,7 +283,8 @@ class FakeStreamDevice final : public StreamDevice {
   bool throw_in_finish = false;
   bool throw_in_release_stream = false;
   bool fail_finish_before_sync = false;
-  bool usable = true;
+  bool usable = true;              // false: out of service (CheckUsable fails)
+  bool sticky = false;             // the context failed (ContextFailed); see FailContext
   std::string out_of_service_why;  // MarkOutOfService
   uint64_t workspace_bytes = 256;
   absl::Status kernel_status;
@@ -285,10 +305,15 @@ class FakeStreamDevice final : public StreamDevice {
     bool light;      // a wait or an event record: the device runs it alone
     bool ready() const { return blocker == nullptr || *blocker; }
   };
-  Record& RecordOf(FakeEvent* ev) {
-    if (ev->handle.empty()) return ev->record;
-    Record& r = client_records_[ev->handle];
-    if (r == nullptr) r = std::make_shared<bool>(pending_handles.count(ev->handle) == 0);
+  Record& RecordOf(FakeEvent* ev) { return ev->handle.empty() ? ev->record : LatestOf(ev->handle); }
+  // The latest record of a client's event; before any, the client's first
+  // record (pending when the handle is in pending_handles).
+  Record& LatestOf(const std::string& handle) {
+    Record& r = latest_[handle];
+    if (r == nullptr) {
+      r = std::make_shared<bool>(pending_handles.count(handle) == 0);
+      client_records_[handle].push_back(r);
+    }
     return r;
   }
   absl::Status Enqueue(const char* what, Stream s, std::function<void()> f,
@@ -324,8 +349,13 @@ class FakeStreamDevice final : public StreamDevice {
   }
   std::vector<Stream> free_;
   std::map<Stream, std::vector<Item>> queue_;
-  std::map<std::string, Record> client_records_;
-  std::map<std::string, std::vector<Record>> earlier_records_;  // ClientRerecord
+  // Per handle: the latest record (the client's or the server's), and every
+  // record the client made (the server's are not there: a wait captures
+  // exactly the record of its moment, and ClientEventDone completes only
+  // the client's: the fourth review found a ping-pong event, where the
+  // server's record came last, completing the server's record instead).
+  std::map<std::string, Record> latest_;
+  std::map<std::string, std::vector<Record>> client_records_;
   std::map<void*, absl::Status> ws_status_;
   std::vector<std::unique_ptr<FakeEvent>> events_;
 };

@@ -34,9 +34,10 @@ TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCom
   ASSERT_EQ(r->size(), 1u);
   EXPECT_TRUE((*r)[0].outputs.empty());
   const StreamDevice::Stream s = LastStream();
-  // Replied with the work still queued: no host synchronization, the client
-  // event recorded after the op, then the private completion event.
-  EXPECT_THAT(device_.log, ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"kernel", s},
+  // Replied with the work still queued: no host synchronization, the wait
+  // and its marker, the client event recorded after the op (only there),
+  // then the private completion event.
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"kernel", s},
                                        Call{"record", s}, Call{"complete", s}));
   EXPECT_THAT(Floats(out, 8), ElementsAreArray(std::vector<float>(8, 0.f))) << "not run yet";
   // Held: the workspace, the scratch reservation, the stream, the buffers
@@ -60,7 +61,8 @@ TEST_F(ChainTest, AnAsyncExecuteRepliesBeforeTheWorkAndHoldsEverythingUntilItCom
   EXPECT_EQ(device_mapper_.live_mappings(), 1) << "only idx is still registered";
   EXPECT_EQ(async_.inflight("s"), 0u);
   EXPECT_OK(async_.TakeDeferred("s"));
-  EXPECT_EQ(device_.live_events(), 2u) << "the client's events stay cached; the private one went";
+  EXPECT_EQ(device_.live_events(), 2u)
+      << "the client's events stay cached; the private ones (completion, marker) went";
 }
 
 TEST_F(ChainTest, AllOpsRunOnOneStreamBetweenTheWaitAndTheRecord) {
@@ -77,7 +79,7 @@ TEST_F(ChainTest, AllOpsRunOnOneStreamBetweenTheWaitAndTheRecord) {
   ASSERT_OK(Execute({Gather("acts", "idx", "out"), second}, Handle('w'), Handle('r')));
   const StreamDevice::Stream s = LastStream();
   EXPECT_THAT(device_.log,
-              ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"kernel", s}, Call{"h2d", s},
+              ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"kernel", s}, Call{"h2d", s},
                           Call{"kernel", s}, Call{"record", s}, Call{"complete", s}));
   EXPECT_EQ(pools_.InUse(), 4u) << "two workspaces, a pinned and a device staging block";
   device_.Progress(s);
@@ -123,9 +125,9 @@ TEST_F(ChainTest, InlineOutputsMakeTheEventedExecuteSynchronous) {
   const StreamDevice::Stream s = LastStream();
   // The output is zeroed and copied back on the stream, the op synchronized
   // (the reply needs the bytes), and the client's event still recorded.
-  EXPECT_THAT(device_.log, ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"waited", s},
-                                       Call{"zero", s}, Call{"kernel", s}, Call{"d2h", s},
-                                       Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
+  EXPECT_THAT(device_.log,
+              ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"zero", s}, Call{"kernel", s},
+                          Call{"d2h", s}, Call{"sync", s}, Call{"record", s}, Call{"drain", s}));
   EXPECT_EQ(async_.inflight(), 0u);
   EXPECT_EQ(backend_.queue().pending(), 0u);
   EXPECT_EQ(pools_.InUse(), 0u);
@@ -145,7 +147,7 @@ TEST_F(ChainTest, WaitEventAloneWaitsThenRunsSynchronously) {
 TEST_F(ChainTest, ZeroOpsWaitAndRecordOnly) {
   ASSERT_OK(Execute({}, Handle('w'), Handle('r')));
   const StreamDevice::Stream s = LastStream();
-  EXPECT_THAT(device_.log, ElementsAre(Call{"record", s}, Call{"wait", s}, Call{"record", s},
+  EXPECT_THAT(device_.log, ElementsAre(Call{"wait", s}, Call{"waited", s}, Call{"record", s},
                                        Call{"complete", s}));
   EXPECT_EQ(async_.inflight("s"), 1u);
   device_.Progress(s);

@@ -56,7 +56,7 @@ class ChainBackend final : public StreamBackend {
     }
     ASSIGN_OR_RETURN(std::unique_ptr<backends::StreamChain> chain,
                      backends::StreamChain::Begin(device_, pools_, &queue_, std::move(wait),
-                                                  std::move(record), async, "cuda:0 (GPU-fake)"));
+                                                  std::move(record), async));
     chain->set_max_host_wait(max_host_wait_);
     return std::unique_ptr<core::RequestChain>(std::move(chain));
   }

@@ -515,6 +515,8 @@ TEST(InfoTest, BufferAndServerInfo) {
   d.max_async_executes = 15;
   d.max_stuck_executes_per_session = 16;
   d.max_stuck_executes = 17;
+  d.max_async_executes_per_peer = 18;
+  d.max_stuck_executes_per_peer = 19;
   v1::ServerInfo s;
   ServerInfoToProto(d, &s);
   EXPECT_EQ(s.version(), "1.2.3");
@@ -543,6 +545,8 @@ TEST(InfoTest, BufferAndServerInfo) {
   EXPECT_EQ(s.limits().max_async_executes(), 15u);
   EXPECT_EQ(s.limits().max_stuck_executes_per_session(), 16u);
   EXPECT_EQ(s.limits().max_stuck_executes(), 17u);
+  EXPECT_EQ(s.limits().max_async_executes_per_peer(), 18u);
+  EXPECT_EQ(s.limits().max_stuck_executes_per_peer(), 19u);
   EXPECT_EQ(s.shm_prefix(), "/tokensel");
   ASSERT_EQ(s.memory_kinds_size(), 2);
   EXPECT_EQ(s.memory_kinds(1), "cuda_ipc");

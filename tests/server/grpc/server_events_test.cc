@@ -118,6 +118,8 @@ TEST_F(ServerEventsTest, ServerInfoSaysEventsAreServedAndTheCaps) {
   EXPECT_EQ(info.limits().max_async_executes(), 256u);
   EXPECT_EQ(info.limits().max_stuck_executes_per_session(), 4u);
   EXPECT_EQ(info.limits().max_stuck_executes(), 64u);
+  EXPECT_EQ(info.limits().max_async_executes_per_peer(), 64u);
+  EXPECT_EQ(info.limits().max_stuck_executes_per_peer(), 16u);
 }
 
 TEST_F(ServerEventsTest, AHandleOfTheWrongSizeIsInvalidArgument) {
