@@ -81,6 +81,10 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
   const Counts no_peer;
   const Session& s = found_session != sessions_.end() ? found_session->second : no_session;
   const Counts& p = found_peer != peers_.end() ? found_peer->second : no_peer;
+  // The caller's own principal, named so that a client sees which of its
+  // identities the cap counts.
+  const std::string peer_where =
+      absl::StrCat("for peer ", peer.empty() ? "(unnamed)" : peer, " (all its sessions)");
   // Before the admission caps: a session (or peer) whose events never
   // complete is refused here, by its own count, and its stuck requests no
   // longer take admission from anyone (async_requests.h).
@@ -89,7 +93,7 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
       return Refuse(true, s.stuck, limits_.stuck_per_session, "in this session");
     }
     if (p.stuck >= limits_.stuck_per_peer) {
-      return Refuse(true, p.stuck, limits_.stuck_per_peer, "for this peer (all its sessions)");
+      return Refuse(true, p.stuck, limits_.stuck_per_peer, peer_where.c_str());
     }
     if (stuck_ >= limits_.stuck_total) {
       return Refuse(true, stuck_, limits_.stuck_total, "in the server");
@@ -99,7 +103,7 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
     return Refuse(false, s.inflight, limits_.per_session, "in this session");
   }
   if (p.inflight >= limits_.per_peer) {
-    return Refuse(false, p.inflight, limits_.per_peer, "for this peer (all its sessions)");
+    return Refuse(false, p.inflight, limits_.per_peer, peer_where.c_str());
   }
   if (inflight_ >= limits_.total) return Refuse(false, inflight_, limits_.total, "in the server");
   Session& admitted = sessions_[session];

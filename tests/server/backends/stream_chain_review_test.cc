@@ -141,7 +141,8 @@ TEST_F(ChainTest, TheCapsCountPerPeerAcrossItsSessions) {
   };
   EXPECT_OK(run("a1", "uid:1"));
   EXPECT_OK(run("a2", "uid:1"));
-  EXPECT_THAT(run("a3", "uid:1"), StatusIs(StatusCode::kResourceExhausted, "for this peer"));
+  EXPECT_THAT(run("a3", "uid:1"),
+              StatusIs(StatusCode::kResourceExhausted, "for peer uid:1 (all its sessions)"));
   EXPECT_EQ(async.peer_inflight("uid:1"), 2u);
   EXPECT_OK(run("b1", "uid:2")) << "another peer is served";
   backend_.queue().Shutdown();  // completes them (drains their streams)

@@ -92,7 +92,7 @@ TEST(AsyncRequestsTest, OnePeerCannotTakeTheServersCapsWithManySessions) {
     held.push_back(*std::move(t));
   }
   EXPECT_THAT(async.Admit("p4", "uid:1", false).status(),
-              StatusIs(StatusCode::kResourceExhausted, "for this peer (all its sessions)"));
+              StatusIs(StatusCode::kResourceExhausted, "for peer uid:1 (all its sessions)"));
   EXPECT_EQ(async.peer_inflight("uid:1"), 3u);
   EXPECT_EQ(async.inflight("p4"), 0u) << "a refusal leaves no entry";
   // Stuck: the peer's stuck cap applies across its sessions, and a stuck
@@ -102,7 +102,7 @@ TEST(AsyncRequestsTest, OnePeerCannotTakeTheServersCapsWithManySessions) {
   EXPECT_EQ(async.peer_stuck("uid:1"), 2u);
   EXPECT_EQ(async.peer_inflight("uid:1"), 1u);
   EXPECT_THAT(async.Admit("p5", "uid:1", true).status(),
-              StatusIs(StatusCode::kResourceExhausted, "for this peer (all its sessions)"));
+              StatusIs(StatusCode::kResourceExhausted, "for peer uid:1 (all its sessions)"));
   EXPECT_OK(async.Admit("p5", "uid:1", false)) << "no wait_event: not refused for stuck ones";
   // Another peer is served in full.
   for (const char* s : {"q1", "q1", "q2"}) EXPECT_OK(async.Admit(s, "uid:2", true)) << s;

@@ -7,6 +7,8 @@
 // check, the session's deferred error returned by its next Execute (which
 // runs nothing), and the no-op Execute that waits for the session's async
 // work within its deadline.
+#include <unistd.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -14,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/backends/stream_chain_test.h"
@@ -120,6 +123,36 @@ TEST_F(ServerEventsTest, ServerInfoSaysEventsAreServedAndTheCaps) {
   EXPECT_EQ(info.limits().max_stuck_executes(), 64u);
   EXPECT_EQ(info.limits().max_async_executes_per_peer(), 64u);
   EXPECT_EQ(info.limits().max_stuck_executes_per_peer(), 16u);
+}
+
+// The per-peer cap reaches the admission through the gRPC layer (the
+// session owner's principal in RunOptions::peer): one peer's sessions together hold at most
+// max_async_executes_per_peer (64) in flight, whatever their own caps (16).
+TEST_F(ServerEventsTest, OnePeersSessionsTogetherHoldAtMostThePeerCap) {
+  std::vector<std::string> sessions = {session_};
+  for (int i = 0; i < 4; ++i) sessions.push_back(server_->OpenSession());
+  int admitted = 0;
+  absl::Status refused;
+  v1::ExecuteRequest async;
+  async.set_record_event(std::string(64, 'r'));
+  for (const std::string& s : sessions) {
+    session_ = s;
+    for (int i = 0; i < 16; ++i) {
+      v1::ExecuteResponse response;
+      const absl::Status st = Execute(async, &response);
+      if (st.ok()) {
+        ++admitted;
+      } else {
+        refused = st;
+      }
+    }
+  }
+  EXPECT_EQ(admitted, 64);
+  // The in-process server listens on a unix socket: the peer is this uid.
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                absl::StrCat("for peer uid:", getuid(), " (all its sessions)")));
+  for (const auto& c : device_.log) device_.Progress(c.stream);
+  EXPECT_EQ(backend_.queue().Poll(), 64);
 }
 
 TEST_F(ServerEventsTest, AHandleOfTheWrongSizeIsInvalidArgument) {
