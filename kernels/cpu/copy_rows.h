@@ -14,6 +14,7 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <xmmintrin.h>
 #endif
 
 #include "kernels/cpu/thread_pool.h"
@@ -35,8 +36,39 @@ inline int64_t RowGrain(int64_t row_bytes) {
 inline constexpr int64_t kStreamMinTotalBytes = 8 << 20;
 inline constexpr int64_t kStreamMinRowBytes = 256;
 
-// Every copier: operator()(dst, src) copies one row; Finish() must run after
-// a thread's last row (it orders streaming stores before the hand-off).
+// Gathers read their source rows in an order the hardware prefetchers do not
+// follow (seq-first: every row from another token of another sequence; even
+// batch-first skips the dropped tokens, and a 2-4 KiB row is too short for
+// the L2 streamer to lock on before it ends). So the gather loops prefetch the
+// source row that is kPrefetchAheadBytes (at least two rows) ahead, into L2
+// (T1: the row is read once, so it need not displace L1). Chosen by A/B runs
+// of the gather benchmark (docs/development.md, "CPU gather"): 0, 1, 2 and 4
+// rows ahead, hints T0, T1 and NTA.
+inline constexpr int64_t kPrefetchAheadBytes = 4096;
+inline constexpr int64_t kPrefetchMaxRows = 64;
+
+inline int64_t PrefetchRowsAhead(int64_t row_bytes) {
+  const int64_t rows =
+      (kPrefetchAheadBytes + std::max<int64_t>(row_bytes, 1) - 1) / std::max<int64_t>(row_bytes, 1);
+  return std::clamp<int64_t>(rows, 2, kPrefetchMaxRows);
+}
+
+// Asks for the cache lines of [p, p + bytes) in L2. A hint only: never
+// faults, so it may run on any address the copy itself is about to read.
+inline void PrefetchBytes(const char* p, int64_t bytes) {
+#if defined(__SSE2__)
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+  if (bytes > 0) _mm_prefetch(p + bytes - 1, _MM_HINT_T1);  // an unaligned row's last line
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+// Every copier: operator()(dst, src) copies one row; Prefetch(src) hints the
+// row at src into the cache (a no-op where a row is not one byte range);
+// Finish() must run after a thread's last row (it orders streaming stores
+// before the hand-off).
 
 // Copies one row whose elements are contiguous on both sides: one memcpy.
 struct ContiguousRowCopy {
@@ -44,6 +76,7 @@ struct ContiguousRowCopy {
   void operator()(char* dst, const char* src) const {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
+  void Prefetch(const char* src) const { PrefetchBytes(src, bytes); }
   void Finish() const {}
 };
 
@@ -72,6 +105,7 @@ struct StreamingRowCopy {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
 #endif
   }
+  void Prefetch(const char* src) const { PrefetchBytes(src, bytes); }
   void Finish() const {
 #if defined(__SSE2__)
     _mm_sfence();
@@ -91,6 +125,7 @@ struct StridedRowCopy {
       std::memcpy(dst + c * dst_stride, src + c * src_stride, kElemSize);
     }
   }
+  void Prefetch(const char* /*src*/) const {}  // elements spread over many lines
   void Finish() const {}
 };
 
@@ -125,6 +160,21 @@ void DispatchRowCopy(int64_t elem_size, int64_t count, int64_t dst_stride, int64
     default:
       body(StridedRowCopy<8>{count, ds, ss});
       break;
+  }
+}
+
+// The row loop of a gather: copy(dst_of(row), src_of(row)) for every row in
+// [begin, end), in order, prefetching the source row PrefetchRowsAhead rows
+// ahead (see kPrefetchAheadBytes). src_of is called twice per row (prefetch,
+// copy), so it must be pure: it reads private index snapshots only.
+template <typename Copy, typename DstOf, typename SrcOf>
+void GatherRowRange(const Copy& copy, int64_t row_bytes, int64_t begin, int64_t end,
+                    const DstOf& dst_of, const SrcOf& src_of) {
+  const int64_t ahead = PrefetchRowsAhead(row_bytes);
+  for (int64_t row = begin; row < std::min(end, begin + ahead); ++row) copy.Prefetch(src_of(row));
+  for (int64_t row = begin; row < end; ++row) {
+    if (row + ahead < end) copy.Prefetch(src_of(row + ahead));
+    copy(dst_of(row), src_of(row));
   }
 }
 

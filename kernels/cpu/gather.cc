@@ -24,15 +24,21 @@ absl::Status GatherTokens(const GatherTokensArgs& args, ThreadPool* pool) {
   const int64_t rows = d.batch * d.retained;
   if (rows == 0 || d.channels == 0) return absl::OkStatus();
   const int64_t elem = act.elem_size();
-  // Rows run in `out` order, so the writes stream through the output.
+  // Rows run in `out` order, so the writes stream through the output; the
+  // source rows, in index order, are prefetched ahead (copy_rows.h).
   DispatchRowCopy(elem, d.channels, out.strides[2], act.strides[2], rows, [&](const auto& copy) {
     ParallelFor(pool, rows, RowGrain(d.channels * elem), [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
-        const int64_t s = LoadIndex(idx, p.b * d.retained + p.r);
-        copy(out.At(TokenOffset(out, batch_first, p.b, p.r)),
-             act.At(TokenOffset(act, batch_first, p.b, s)));
-      }
+      GatherRowRange(
+          copy, d.channels * elem, begin, end,
+          [&](int64_t row) {
+            const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
+            return out.At(TokenOffset(out, batch_first, p.b, p.r));
+          },
+          [&](int64_t row) {
+            const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
+            const int64_t s = LoadIndex(idx, p.b * d.retained + p.r);
+            return static_cast<const char*>(act.At(TokenOffset(act, batch_first, p.b, s)));
+          });
       copy.Finish();
     });
   });

@@ -23,6 +23,10 @@ template <int kElemSize>
 void GatherElements(char* dst, int64_t dst_stride, const char* src, const int64_t* key_offsets,
                     int64_t n) {
   if (dst_stride == kElemSize) {
+    // Unrolled: the loop is load/store bound (an offset, an element, a
+    // store), and the branch and counter cost a third of it otherwise
+    // (A/B: GatherBertMask 0.22x -> 0.30x of memcpy, docs/development.md).
+#pragma GCC unroll 8
     for (int64_t j = 0; j < n; ++j) {
       std::memcpy(dst + j * kElemSize, src + key_offsets[j], kElemSize);
     }

@@ -88,17 +88,20 @@ void CopyRetainedRows(const TensorView& tokens, const TensorView& retained, cons
   const int64_t dst_stride = to_tokens ? tokens.strides[2] : retained.strides[2];
   const int64_t src_stride = to_tokens ? retained.strides[2] : tokens.strides[2];
   DispatchRowCopy(elem, d.channels, dst_stride, src_stride, rows, [&](const auto& copy) {
+    const auto token_of = [&](int64_t row) {
+      const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
+      return tokens.At(
+          TokenOffset(tokens, batch_first, p.b, LoadIndex(idx, p.b * d.retained + p.r)));
+    };
+    const auto kept_of = [&](int64_t row) {
+      const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
+      return retained.At(TokenOffset(retained, batch_first, p.b, p.r));
+    };
     ParallelFor(pool, rows, RowGrain(d.channels * elem), [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const BatchPos p = RetainedRowToBatchPos(row, d.batch, d.retained, batch_first);
-        char* token = tokens.At(
-            TokenOffset(tokens, batch_first, p.b, LoadIndex(idx, p.b * d.retained + p.r)));
-        char* kept = retained.At(TokenOffset(retained, batch_first, p.b, p.r));
-        if (to_tokens) {
-          copy(token, kept);
-        } else {
-          copy(kept, token);
-        }
+      if (to_tokens) {
+        for (int64_t row = begin; row < end; ++row) copy(token_of(row), kept_of(row));
+      } else {  // a gather: the token rows are read in index order, prefetched
+        GatherRowRange(copy, d.channels * elem, begin, end, kept_of, token_of);
       }
       copy.Finish();
     });
