@@ -2,6 +2,7 @@
 #include "server/backends/block_pool.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,10 +22,22 @@ BlockPool::~BlockPool() {
   // completion queue abandoned it: tests, tools; the server leaks its
   // backend instead) must not free: cudaFree would synchronize behind that
   // wait for ever. The idle blocks are leaked then.
+  // They stay reachable from a static list: intentionally leaked, not lost
+  // (a leak checker does not report them).
   const bool may_free = gate_ == nullptr || gate_->BeginFree();
   absl::MutexLock lock(&mu_);
   if (may_free) {
     for (const auto& [bytes, data] : idle_) free_(data);
+  } else {
+    static absl::Mutex leaked_mu(absl::kConstInit);
+    static auto* const leaked = new std::vector<void*>();
+    absl::MutexLock leaked_lock(&leaked_mu);
+    for (const auto& [bytes, data] : idle_) {
+      try {
+        leaked->push_back(data);
+      } catch (...) {  // out of memory: leaked all the same, only unlisted
+      }
+    }
   }
   if (gate_ != nullptr && may_free) gate_->EndFree();
   idle_.clear();

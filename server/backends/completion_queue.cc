@@ -199,21 +199,28 @@ void CompletionQueue::CheckStuck(CompletionWork& work) {
 }
 
 void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
-  // Leaked on purpose (completion_queue.h): the stream, the blocks and the
-  // event are forgotten, the FreeGate stays entered, and the holds (buffer
-  // leases, reservation, route, the client's events) are kept reachable for
-  // the rest of the process. Out of host memory for the list, they are
-  // dropped instead (then a late kernel may write into unmapped memory: as
-  // unlikely as it is unavoidable).
+  // Leaked on purpose (completion_queue.h): the stream and the event are
+  // forgotten, the FreeGate stays entered, and the holds (buffer leases,
+  // reservation, route, the client's events), the staging blocks and the
+  // ops (their workspaces) are kept reachable for the rest of the process,
+  // never destroyed: intentionally leaked, not lost (a leak checker does not
+  // report them). Out of host memory for the list, they are dropped instead
+  // (then a late kernel may write into unmapped memory: as unlikely as it is
+  // unavoidable).
+  struct Leaked {
+    std::vector<std::shared_ptr<void>> holds;
+    std::vector<std::pair<BlockPool::Block, BlockPool::Block>> staging;
+    std::vector<LeaseSink::PendingOp> ops;
+  };
   static std::mutex leaked_mu;
-  static auto* const leaked = new std::list<std::vector<std::shared_ptr<void>>>();
+  static auto* const leaked = new std::list<Leaked>();
   try {
     std::lock_guard<std::mutex> lock(leaked_mu);
-    leaked->emplace_back(std::move(work.holds));
+    leaked->push_back(Leaked{std::move(work.holds), std::move(work.staging), std::move(work.ops)});
   } catch (...) {
   }
   work.holds.clear();
-  work.ops.clear();  // the args' host copies; the workspaces are forgotten
+  work.ops.clear();
   work.staging.clear();
   work.done_event = nullptr;
   work.wait_marker = nullptr;
