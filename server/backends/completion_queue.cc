@@ -182,7 +182,13 @@ void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
   } catch (...) {
   }
   work.holds.clear();
-  work.ops.clear();  // the args' host copies; the workspaces are forgotten
+  // The blocks are forgotten by their pools (never freed nor reused).
+  for (const LeaseSink::PendingOp& op : work.ops) pools_.workspaces->Abandon(op.workspace);
+  for (const auto& [pinned, device] : work.staging) {
+    pools_.pinned->Abandon(pinned);
+    pools_.staging->Abandon(device);
+  }
+  work.ops.clear();  // the args' host copies
   work.staging.clear();
   work.done_event = nullptr;
   work.gate = nullptr;
