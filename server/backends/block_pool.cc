@@ -56,6 +56,7 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
   if (rounded == SIZE_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat(name_, " of ", bytes, " bytes"));
   }
+  bool over = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = idle_.lower_bound(rounded);
@@ -65,18 +66,38 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
       // Its node waits for the block's Release (moving a node allocates nothing).
       spare_nodes_.insert(idle_.extract(it));
       ++in_use_;
-      SettleChargeLocked();  // reused: the request pays for it now
+      SettleChargeLocked();  // reused: the request takes over its charge
       return block;
     }
+    over = excess_.OverTotal();
+  }
+  // A new block only while the budget, the pools' charges included, is
+  // within its total: a request may have reserved its bytes counting on
+  // reusing a charged block (MemoryBudget::GrowPooled). If the gate opened
+  // since the charge, the charged blocks are freed first.
+  if (over && (gate_ == nullptr || gate_->BeginFree())) {
+    TrimHeld(max_cached_bytes_ / 2, nullptr);
+    if (gate_ != nullptr) gate_->EndFree();
+    absl::MutexLock lock(&mu_);
+    over = excess_.OverTotal();
+  }
+  if (over) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name_, " of ", bytes,
+                     " bytes: no new block while the server's memory budget is over its total "
+                     "(--memory_budget_bytes; idle blocks kept while a stream waits on a client's "
+                     "wait_event are charged to it); retry later"));
   }
   // The node the block's Release will need, before anything is allocated:
   // if this throws, nothing is held.
   std::multimap<size_t, void*> maker;
   maker.emplace(rounded, nullptr);
   auto node = maker.extract(maker.begin());
+  // Sampled when the allocation is decided, not after it (an allocation
+  // may take long; the gate may open meanwhile).
+  const bool gated = gate_ != nullptr && !gate_->open();
   absl::StatusOr<void*> data = allocate_(rounded);
   if (!data.ok()) return data.status();
-  const bool gated = gate_ != nullptr && !gate_->open();
   absl::MutexLock lock(&mu_);
   spare_nodes_.insert(std::move(node));
   ++allocations_;
@@ -87,17 +108,21 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
 
 void BlockPool::AttachBudget(core::MemoryBudget* budget) {
   absl::MutexLock lock(&mu_);
-  excess_ = budget != nullptr ? budget->Open() : core::MemoryBudget::Reservation();
+  excess_ = budget != nullptr ? budget->OpenWeakCharge() : core::MemoryBudget::WeakCharge();
   SettleChargeLocked();
 }
 
 void BlockPool::SettleChargeLocked() {
-  const uint64_t beyond = idle_bytes_ > max_cached_bytes_ ? idle_bytes_ - max_cached_bytes_ : 0;
-  if (beyond > excess_.bytes()) {
-    excess_.GrowPastBounds(beyond - excess_.bytes());
-  } else {
-    excess_.Shrink(excess_.bytes() - beyond);
-  }
+  excess_.Set(idle_bytes_ > max_cached_bytes_ ? idle_bytes_ - max_cached_bytes_ : 0);
+}
+
+void BlockPool::Abandon(Block block) noexcept {
+  if (block.data == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  // Its Release will never come: its node goes (else it stayed for good).
+  // It stays counted in use: the stuck device work may still use it.
+  if (!spare_nodes_.empty()) spare_nodes_.erase(spare_nodes_.begin());
+  ++abandoned_;
 }
 
 void* BlockPool::PopForTrimLocked(size_t target, void* keep) {
@@ -160,14 +185,17 @@ void BlockPool::Release(Block block) noexcept {
   // current load uses, while the others sat idle longer; freeing it first
   // would leave a load block between half the cap and the cap to be
   // freed and allocated again on every wave.
+  TrimHeld(max_cached_bytes_ / 2, block.data);
+}
+
+void BlockPool::TrimHeld(size_t low_water, void* keep) noexcept {
   // One block at a time, freed outside the lock: no list to build (that
   // could throw std::bad_alloc while unwinding).
-  const size_t low_water = max_cached_bytes_ / 2;
   while (true) {
     void* data = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      data = PopForTrimLocked(low_water, block.data);
+      data = PopForTrimLocked(low_water, keep);
       if (data == nullptr) data = PopForTrimLocked(max_cached_bytes_, nullptr);
       if (data == nullptr) SettleChargeLocked();  // the charge of earlier closed periods
     }
@@ -203,6 +231,14 @@ uint64_t BlockPool::charged_bytes() const {
 int64_t BlockPool::gated_allocations() const {
   absl::MutexLock lock(&mu_);
   return gated_allocations_;
+}
+int64_t BlockPool::abandoned() const {
+  absl::MutexLock lock(&mu_);
+  return abandoned_;
+}
+size_t BlockPool::spare_nodes() const {
+  absl::MutexLock lock(&mu_);
+  return spare_nodes_.size();
 }
 
 }  // namespace tokensel::backends

@@ -27,13 +27,24 @@
 //  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
 //    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
 //    request pays for any more, are charged to the MemoryBudget given to
-//    AttachBudget (a reservation of the pool's own, grown past the bounds
-//    if need be: the memory exists and cannot be returned now), and given
-//    back as soon as they are freed or reused. Count-and-cap: while they
-//    are charged, requests find that much less budget, and every block a
-//    request allocates was reserved by it first, so a closed gate cannot
-//    make the pools grow beyond what the budget admits (plus the caps).
-//    gated_allocations() counts the blocks allocated while it was closed.
+//    AttachBudget (a MemoryBudget::WeakCharge of the pool's own, grown past
+//    the bounds if need be: the memory exists and cannot be returned now),
+//    and given back as soon as they are freed or reused. Weak: a budget
+//    destroyed before the pool (tests, tools) is not touched by the pool
+//    afterwards. Count-and-cap: a request reserves its pooled bytes with
+//    MemoryBudget::Reservation::GrowPooled, which counts the requests'
+//    bytes only, so reusing a charged block never fails because of the
+//    pools' own charge (the request takes it over: the charge shrinks);
+//    but while the budget, charges included, is over its total, Acquire
+//    allocates no new block (RESOURCE_EXHAUSTED), and every block a request
+//    allocates was reserved by it first, so a closed gate cannot make the
+//    pools grow beyond what the budget admits (plus the caps).
+//    gated_allocations() counts the blocks allocated while it was closed
+//    (sampled when the allocation is decided).
+//  - Abandon(block): a block that device work may still use for ever (the
+//    completion queue abandoned its item) is forgotten: never freed nor
+//    reused, its Release node dropped; it stays counted in use (the stuck
+//    work may still use it) and in abandoned().
 // Bounds: blocks in use are at most twice what their users asked for (the
 // callers count AllocationBytes in a MemoryBudget first), and idle blocks at
 // most `max_cached_bytes` after every Release while the gate is open; while
@@ -82,9 +93,11 @@ class BlockPool {
   size_t AllocationBytes(size_t bytes) const;
   absl::StatusOr<Block> Acquire(size_t bytes);
   void Release(Block block) noexcept;
+  // Forgets a block handed out by Acquire (see above). Never throws.
+  void Abandon(Block block) noexcept;
   // The budget that pays for idle bytes beyond the cap (see above); null:
-  // none (tests, tools). Call before the pool is used; `budget` outlives
-  // the pool, or is detached (null) before it ends.
+  // none (tests, tools). Call before the pool is used; the charge is weak
+  // (see above).
   void AttachBudget(core::MemoryBudget* budget);
 
   size_t max_cached_bytes() const { return max_cached_bytes_; }
@@ -98,6 +111,8 @@ class BlockPool {
   size_t blocks_in_use() const;
   uint64_t charged_bytes() const;  // idle bytes beyond the cap, charged
   int64_t gated_allocations() const;
+  int64_t abandoned() const;
+  size_t spare_nodes() const;  // Release nodes held for blocks in use
 
  private:
   const std::string name_;
@@ -116,11 +131,15 @@ class BlockPool {
   int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t frees_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t gated_allocations_ ABSL_GUARDED_BY(mu_) = 0;
-  core::MemoryBudget::Reservation excess_ ABSL_GUARDED_BY(mu_);
+  int64_t abandoned_ ABSL_GUARDED_BY(mu_) = 0;
+  core::MemoryBudget::WeakCharge excess_ ABSL_GUARDED_BY(mu_);
 
   // Pops the next block to trim (largest first, never `keep`) while idle
   // bytes exceed `target`; null when none.
   void* PopForTrimLocked(size_t target, void* keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees idle blocks (never `keep` unless it alone exceeds the cap) down
+  // to `low_water`, then settles the charge; the caller holds the gate.
+  void TrimHeld(size_t low_water, void* keep) noexcept;
   // excess_ = the idle bytes beyond the cap.
   void SettleChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };

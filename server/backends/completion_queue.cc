@@ -212,6 +212,12 @@ void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
     std::vector<std::pair<BlockPool::Block, BlockPool::Block>> staging;
     std::vector<LeaseSink::PendingOp> ops;
   };
+  // The blocks are forgotten by their pools (never freed nor reused).
+  for (const LeaseSink::PendingOp& op : work.ops) pools_.workspaces->Abandon(op.workspace);
+  for (const auto& [pinned, device] : work.staging) {
+    pools_.pinned->Abandon(pinned);
+    pools_.staging->Abandon(device);
+  }
   static std::mutex leaked_mu;
   static auto* const leaked = new std::list<Leaked>();
   try {

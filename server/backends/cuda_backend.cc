@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sticky_error.h"
+#include "server/backends/cuda_device_switch.h"
 #include "server/backends/stream_lease.h"
 
 namespace tokensel::backends {
@@ -28,37 +29,68 @@ constexpr size_t kWorkspaceGranule = size_t{1} << 20;  // round allocations up t
 
 constexpr size_t kStagingGranule = size_t{4} << 10;  // staging blocks: 4 KiB (a page)
 
+// Runs `free` (a cudaError_t(), named `call`) with device `ordinal`
+// current: the pools' trims, the FreeGate's drainer and a backend's
+// shutdown run these on any thread. The switch is checked (a failed
+// cudaSetDevice would free with another device current: then nothing is
+// freed, leaked and logged) and the caller's device restored only if it
+// had one (device_call.h: never GPU 0's context made by a "restore");
+// a failed free is logged.
+template <typename F>
+void FreeOnDevice(int ordinal, const char* call, F free) {
+  const DeviceCall done = OnOwnDevice(ordinal, free);
+  if (!done.switched) {
+    TS_LOG(ERROR) << "cuda backend: cudaSetDevice(" << ordinal << ") failed before " << call
+                  << "; not freed (leaked)";
+    return;
+  }
+  if (const auto err = static_cast<cudaError_t>(done.result); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TS_LOG(ERROR) << "cuda backend: " << call << " on device " << ordinal << ": "
+                  << cudaGetErrorString(err);
+  }
+}
+
 // The BlockPool free function of device memory on `ordinal`. Pools free
 // idle blocks only (their request's stream was synchronized); cudaFree may
 // synchronize the device, which is why it happens only beyond a pool's cap.
 BlockPool::FreeFn FreeDevice(int ordinal) {
+  return [ordinal](void* p) { FreeOnDevice(ordinal, "cudaFree", [p] { return cudaFree(p); }); };
+}
+
+// Pinned staging: allocated with the device current (cudaHostAllocDefault:
+// not portable, the memory belongs to that device's context), freed with it
+// current; so it passes that device's FreeGate (free_gate.h).
+BlockPool::FreeFn FreePinned(int ordinal) {
   return [ordinal](void* p) {
-    (void)cudaSetDevice(ordinal);
-    (void)cudaFree(p);
+    FreeOnDevice(ordinal, "cudaFreeHost", [p] { return cudaFreeHost(p); });
   };
 }
 
-// FreeGate::Deferred functions: the argument is the device's ordinal.
-void CudaFreeOn(void* p, intptr_t ordinal) {
-  (void)cudaSetDevice(static_cast<int>(ordinal));
-  (void)cudaFree(p);
-  (void)cudaGetLastError();
+// A FreeGate::Deferred function (the direct staging API's cudaFree): the
+// argument is the device's ordinal. Always gone afterwards (its room back).
+bool CudaFreeOn(void* p, intptr_t ordinal) {
+  FreeOnDevice(static_cast<int>(ordinal), "cudaFree", [p] { return cudaFree(p); });
+  return true;
 }
+
+// The StreamPool's destroy function. Not deferred: cudaStreamDestroy returns
+// at once with work pending (stream_pool.h).
 void DestroyStreamOn(void* s, intptr_t ordinal) {
-  (void)cudaSetDevice(static_cast<int>(ordinal));
-  (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
-  (void)cudaGetLastError();
+  FreeOnDevice(static_cast<int>(ordinal), "cudaStreamDestroy",
+               [s] { return cudaStreamDestroy(static_cast<cudaStream_t>(s)); });
 }
 
 class DeviceStaging final : public core::Backend::Staging {
  public:
+  // `gate` holds a reservation for this staging's free (AllocateStaging).
   DeviceStaging(int ordinal, void* data, uint64_t size, FreeGate* gate)
       : ordinal_(ordinal), data_(data), size_(size), gate_(gate) {}
-  // cudaFree may synchronize the device: through the gate (deferred while
-  // a stream waits on a client's event, free_gate.h).
-  ~DeviceStaging() override {
-    if (data_ != nullptr) gate_->FreeOrDefer({&CudaFreeOn, data_, ordinal_, size_});
-  }
+  // cudaFree may synchronize the device: through the device's gate
+  // (deferred while a stream of it waits on a client's event, free_gate.h).
+  ~DeviceStaging() override { gate_->FreeOrDefer({&CudaFreeOn, data_, ordinal_, size_}); }
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
   void* data() const override { return data_; }
   uint64_t size() const override { return size_; }
   int ordinal() const { return ordinal_; }
@@ -97,6 +129,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
 CudaBackend::CudaBackend(core::DeviceDescription device)
     : device_(std::move(device)),
       label_(absl::StrCat("cuda:", device_.ordinal)),
+      free_gate_(FreeGate::ForDevice(device_.ordinal)),
       streams_(
           kMaxIdleStreams,
           [this]() -> absl::StatusOr<void*> {
@@ -105,7 +138,7 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
                                     "cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"));
             return static_cast<void*>(s);
           },
-          &DestroyStreamOn, device_.ordinal, &free_gate_),
+          &DestroyStreamOn, device_.ordinal),
       workspaces_(
           "cuda backend: a workspace", kWorkspaceGranule, kMaxCachedWorkspaceBytes,
           [this](size_t bytes) { return AllocateDevice(bytes, "workspace"); },
@@ -116,11 +149,7 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
           FreeDevice(device_.ordinal), &free_gate_),
       pinned_(
           "cuda backend: pinned host staging", kStagingGranule, kMaxCachedStagingBytes,
-          [this](size_t bytes) { return AllocatePinned(bytes); },
-          [ordinal = device_.ordinal](void* p) {
-            (void)cudaSetDevice(ordinal);
-            (void)cudaFreeHost(p);
-          },
+          [this](size_t bytes) { return AllocatePinned(bytes); }, FreePinned(device_.ordinal),
           &free_gate_),
       completions_(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_}),
       events_(this) {}
@@ -217,14 +246,13 @@ CudaBackend::~CudaBackend() {
   // its work completes) and their blocks stay leaked (completion_queue.h).
   completions_.Shutdown();
   const std::vector<kc::Stream> stuck = completions_.abandoned_streams();
-  cudaSetDevice(device_.ordinal);
   // Every stream but the abandoned ones is back and idle (a released stream
   // has no work left).
   streams_.DestroyIdle();
-  for (kc::Stream s : stuck) cudaStreamDestroy(s);  // no synchronization
-  // The frees deferred while streams waited on client events: the gate is
-  // open now unless a stream (this device's abandoned ones, another
-  // device's) still waits on a client event.
+  for (kc::Stream s : stuck) DestroyStreamOn(s, device_.ordinal);  // no synchronization
+  // The frees deferred while streams waited on client events: this
+  // device's gate is open now unless an abandoned stream still waits on a
+  // client event.
   (void)free_gate_.DrainIfOpen();
   // The pools free their idle blocks as they are destroyed (no lease is
   // alive: a lease must not outlive its backend).
@@ -354,9 +382,12 @@ absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateSta
     NoteError(err, "cudaSetDevice");
     return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
   }
+  // Room for its free to be deferred (free_gate.h), before anything is made.
+  RETURN_IF_ERROR(free_gate_.Reserve("cuda backend: staging"));
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (err != cudaSuccess) {
+    free_gate_.Unreserve();
     (void)cudaGetLastError();
     if (NoteError(err, "cudaMalloc of staging")) {
       return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));

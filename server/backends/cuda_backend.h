@@ -204,10 +204,11 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   std::atomic<bool> sticky_{false};  // a sticky error was seen (ContextFailed); never reset
   mutable absl::Mutex failure_mu_;
   std::string failure_ ABSL_GUARDED_BY(failure_mu_);  // which error, where
-  // Closed while a stream waits on a client's event: the pools then do not
-  // free, other frees are deferred (free_gate.h). The process's: it also
-  // gates the mappers' teardown, and outlives everything.
-  FreeGate& free_gate_ = FreeGate::Process();
+  // Closed while a stream of this device waits on a client's event: the
+  // pools then do not free, other frees of the device are deferred
+  // (free_gate.h). The device's (ForDevice): it also gates the mappers'
+  // teardown of the device's mappings, and outlives everything.
+  FreeGate& free_gate_;
   StreamPool streams_;
   // Destroyed before the members above (their free functions read nothing
   // of this object but the ordinal they captured).

@@ -1,8 +1,6 @@
 // CudaBackend's CUDA IPC events (contract: cuda_backend.h, stream_chain.h,
 // ipc_event_cache.h): the StreamDevice event calls with the CUDA runtime,
 // and BeginChain. Compiled by the host compiler against cuda_runtime_api.h.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -15,7 +13,7 @@
 #include "common/status_macros.h"
 #include "server/backends/client_event_error.h"
 #include "server/backends/cuda_backend.h"
-#include "server/backends/device_call.h"
+#include "server/backends/cuda_device_switch.h"
 #include "server/backends/stream_chain.h"
 
 namespace tokensel::backends {
@@ -33,56 +31,6 @@ bool IsBadEvent(cudaError_t err) {
   return err == cudaErrorInvalidValue || err == cudaErrorInvalidResourceHandle ||
          err == cudaErrorMapBufferObjectFailed || err == cudaErrorInvalidDevice ||
          err == cudaErrorNotSupported || err == cudaErrorDeviceUninitialized;
-}
-
-// cuCtxGetCurrent, looked up once through the runtime (as the VMM driver
-// does: no link-time libcuda); null if the driver lacks it.
-PFN_cuCtxGetCurrent_v4000 CtxGetCurrent() {
-  static const PFN_cuCtxGetCurrent_v4000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 4000, cudaEnableDefault, &query) !=
-            cudaSuccess ||
-        query != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      p = nullptr;
-    }
-    return reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(p);
-  }();
-  return fn;
-}
-
-// The runtime's side of the device switch (device_call.h). Without
-// cuCtxGetCurrent the caller is taken to have no context: nothing is
-// restored (never GPU 0's context created by a "restore").
-class RuntimeOps final : public DeviceSwitch {
- public:
-  bool HasCurrentContext() override {
-    CUcontext ctx = nullptr;
-    const PFN_cuCtxGetCurrent_v4000 get = CtxGetCurrent();
-    return get != nullptr && get(&ctx) == CUDA_SUCCESS && ctx != nullptr;
-  }
-  bool GetDevice(int* device) override { return Ok(cudaGetDevice(device)); }
-  bool SetDevice(int device) override { return Ok(cudaSetDevice(device)); }
-  void RestoreFailed(int device) override {
-    TS_LOG(ERROR) << "cudaSetDevice(" << device << ") restoring the caller's device after an "
-                  << "event call failed";
-  }
-
- private:
-  static bool Ok(cudaError_t err) {
-    if (err == cudaSuccess) return true;
-    (void)cudaGetLastError();
-    return false;
-  }
-};
-
-// Every event path: the call with this backend's device current, checked,
-// and the caller's device restored after it (device_call.h).
-template <typename F>
-DeviceCall OnOwnDevice(int ordinal, F f) {
-  RuntimeOps ops;
-  return OnDeviceChecked(ops, ordinal, f);
 }
 
 // A failed switch is the server's trouble, never the client's (not

@@ -4,24 +4,33 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/status_macros.h"
-
 namespace tokensel::backends {
 
-StreamPool::StreamPool(size_t max_idle, CreateFn create, DestroyFn destroy, intptr_t destroy_arg,
-                       core::FreeGate* gate)
+StreamPool::StreamPool(size_t max_idle, CreateFn create, DestroyFn destroy, intptr_t destroy_arg)
     : max_idle_(std::max<size_t>(max_idle, 1)),
       create_(std::move(create)),
       destroy_(destroy),
-      destroy_arg_(destroy_arg),
-      gate_(gate) {}
+      destroy_arg_(destroy_arg) {}
 
 absl::Status StreamPool::Init(int n) {
   std::vector<Stream> made;
   made.reserve(static_cast<size_t>(std::max(n, 0)));
   for (int i = 0; i < n; ++i) {
-    ASSIGN_OR_RETURN(Stream s, Acquire());
-    made.push_back(s);
+    absl::StatusOr<Stream> s = Acquire();
+    if (!s.ok()) {
+      // None of them stays: each was counted in live_ and would be neither
+      // idle nor ever released (the review's item 15).
+      for (Stream m : made) {
+        {
+          absl::MutexLock lock(&mu_);
+          --live_;
+          ++destroyed_;
+        }
+        destroy_(m, destroy_arg_);
+      }
+      return s.status();
+    }
+    made.push_back(*s);  // reserved: no allocation
   }
   for (Stream s : made) Release(s);
   return absl::OkStatus();
@@ -60,12 +69,9 @@ void StreamPool::Release(Stream stream) noexcept {
     --live_;
     ++destroyed_;
   }
-  // Beyond the cap: destroyed once no stream waits on a client's event.
-  if (gate_ != nullptr) {
-    gate_->FreeOrDefer(core::FreeGate::Deferred{destroy_, stream, destroy_arg_, 0});
-  } else {
-    destroy_(stream, destroy_arg_);
-  }
+  // Beyond the cap: destroyed now. cudaStreamDestroy returns at once even
+  // with work pending (stream_pool.h): no FreeGate.
+  destroy_(stream, destroy_arg_);
 }
 
 size_t StreamPool::DestroyIdle() {

@@ -5,16 +5,17 @@
 //  - Acquire: an idle stream, else a new one (create's error otherwise).
 //    It may throw std::bad_alloc, holding nothing then.
 //  - Release(stream): back to the idle list; if `max_idle` streams are idle
-//    already, the stream is destroyed instead, through the FreeGate
-//    (free_gate.h): cudaStreamDestroy may synchronize, so while a stream of
-//    the process waits on a client's IPC event the destruction is deferred
-//    until the gate opens. Without the cap a burst of N concurrent requests
-//    left N streams for ever. A stream is released only once it has no
-//    work left (a lease drains it, the completion queue releases it after
-//    its completion event), so a stream with a pending client wait is
-//    never destroyed: it is not in the pool until that wait completed.
+//    already, the stream is destroyed instead, at once: cudaStreamDestroy
+//    returns immediately even with work pending (the runtime releases the
+//    stream when its work completes), so it never waits on a client's
+//    event and needs no FreeGate. Without the cap a burst of N concurrent
+//    requests left N streams for ever. A stream is released only once it
+//    has no work left (a lease drains it, the completion queue releases it
+//    after its completion event).
 //    Never throws (it runs in destructors): the idle list's capacity is
 //    kept at least the number of streams, reserved in Acquire.
+//  - Init(n): creates n streams up front; if one fails, the streams made
+//    so far are destroyed and the pool is as before.
 //  - DestroyIdle: the backend's shutdown destroys the idle streams directly
 //    (every stream must be back by then).
 // Thread-safe.
@@ -29,7 +30,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/free_gate.h"
 
 namespace tokensel::backends {
 
@@ -37,17 +37,16 @@ class StreamPool {
  public:
   using Stream = void*;  // cudaStream_t
   using CreateFn = std::function<absl::StatusOr<Stream>()>;
-  // destroy(stream, destroy_arg): a FreeGate::Deferred function.
+  // destroy(stream, destroy_arg); never throws.
   using DestroyFn = void (*)(void* stream, intptr_t arg);
 
-  // `max_idle` >= 1; `gate` outlives the pool (its deferred destructions
-  // too: the process's gate is never destroyed).
-  StreamPool(size_t max_idle, CreateFn create, DestroyFn destroy, intptr_t destroy_arg,
-             core::FreeGate* gate);
+  // `max_idle` >= 1.
+  StreamPool(size_t max_idle, CreateFn create, DestroyFn destroy, intptr_t destroy_arg);
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
-  // Creates `n` idle streams up front (at most max_idle stay idle).
+  // Creates `n` idle streams up front (at most max_idle stay idle); on a
+  // failure none of them stays (see above).
   absl::Status Init(int n);
   absl::StatusOr<Stream> Acquire();
   void Release(Stream stream) noexcept;
@@ -57,16 +56,15 @@ class StreamPool {
 
   size_t max_idle() const { return max_idle_; }
   size_t idle() const;
-  size_t live() const;  // created and not destroyed (nor handed to the gate)
+  size_t live() const;  // created and not destroyed
   int64_t created() const;
-  int64_t destroyed() const;  // beyond the cap (through the gate)
+  int64_t destroyed() const;  // beyond the cap, or by a failed Init
 
  private:
   const size_t max_idle_;
   const CreateFn create_;
   const DestroyFn destroy_;
   const intptr_t destroy_arg_;
-  core::FreeGate* const gate_;
   mutable absl::Mutex mu_;
   std::vector<Stream> idle_ ABSL_GUARDED_BY(mu_);  // capacity >= live_
   size_t live_ ABSL_GUARDED_BY(mu_) = 0;

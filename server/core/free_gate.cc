@@ -1,15 +1,38 @@
 // FreeGate (contract: free_gate.h).
 #include "server/core/free_gate.h"
 
+#include <algorithm>
+#include <array>
+#include <mutex>
+#include <new>
+#include <system_error>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace tokensel::core {
 
-FreeGate::FreeGate() { deferred_.reserve(kMaxDeferred); }
+FreeGate::~FreeGate() {
+  std::thread drainer;
+  {
+    absl::MutexLock lock(&list_mu_);
+    stop_ = true;
+    drainer = std::move(drainer_);
+  }
+  if (drainer.joinable()) drainer.join();
+}
 
-FreeGate& FreeGate::Process() {
-  static FreeGate* const gate = new FreeGate();  // never destroyed (free_gate.h)
-  return *gate;
+FreeGate& FreeGate::ForDevice(int ordinal) {
+  // One per ordinal, the last slot shared by the ordinals beyond: never
+  // destroyed (free_gate.h).
+  static std::mutex made_mu;
+  static std::array<FreeGate*, kMaxDevices + 1> gates{};
+  const size_t slot = ordinal >= 0 && ordinal < kMaxDevices ? static_cast<size_t>(ordinal)
+                                                            : static_cast<size_t>(kMaxDevices);
+  std::lock_guard<std::mutex> lock(made_mu);
+  if (gates[slot] == nullptr) gates[slot] = new FreeGate();
+  return *gates[slot];
 }
 
 void FreeGate::Enter() {
@@ -23,7 +46,8 @@ void FreeGate::Leave() {
     absl::MutexLock lock(&mu_);
     opened = --waits_ == 0;
   }
-  if (opened) (void)DrainIfOpen();
+  // The drainer runs the deferred frees, not this thread (free_gate.h).
+  if (opened) Wake();
 }
 
 bool FreeGate::BeginFree() {
@@ -40,26 +64,76 @@ bool FreeGate::open() const {
   return waits_ == 0;
 }
 
+void FreeGate::Wake() noexcept {
+  absl::MutexLock lock(&list_mu_);
+  wake_ = true;
+}
+
+bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()); }
+
+bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
+
+absl::Status FreeGate::Reserve(absl::string_view what) {
+  absl::MutexLock lock(&list_mu_);
+  if (reserved_ >= kMaxPending) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": this device has ", reserved_,
+        " mappings or allocations live or waiting for their deferred teardown, the limit "
+        "(FreeGate::kMaxPending; teardowns wait while a stream of the device waits on a "
+        "client's wait_event); retry once they ran"));
+  }
+  try {
+    // The list can take every reserved entry: FreeOrDefer never allocates.
+    if (deferred_.capacity() < reserved_ + 1) {
+      deferred_.reserve(std::min(kMaxPending, std::max<size_t>(16, 2 * (reserved_ + 1))));
+    }
+    if (!drainer_.joinable()) drainer_ = std::thread([this] { DrainLoop(); });
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": out of host memory for the deferred-free list"));
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": cannot start the deferred-free thread: ", e.what()));
+  }
+  ++reserved_;
+  return absl::OkStatus();
+}
+
+void FreeGate::Unreserve() noexcept {
+  absl::MutexLock lock(&list_mu_);
+  if (reserved_ > 0) --reserved_;
+}
+
+void FreeGate::Run(const Deferred& free) noexcept {
+  if (free.run(free.data, free.arg)) Unreserve();
+}
+
 void FreeGate::FreeOrDefer(Deferred free) noexcept {
   if (free.run == nullptr) return;
   if (BeginFree()) {
-    free.run(free.data, free.arg);
+    Run(free);
     EndFree();
     return;
   }
+  bool dropped = false;
   {
     absl::MutexLock lock(&list_mu_);
-    // Capacity reserved up front: push_back never reallocates (no throw).
-    if (deferred_.size() == deferred_.capacity()) {
+    // Room was reserved for it (capacity >= reserved_): no reallocation.
+    if (deferred_.size() >= reserved_ || deferred_.size() == deferred_.capacity()) {
+      dropped = true;
       ++dropped_;
-      return;
+    } else {
+      deferred_.push_back(free);
+      deferred_bytes_ += free.bytes;
+      // The gate may have opened between the check and the push: the
+      // drainer looks again (it waits for wake_ with a non-empty list).
+      wake_ = true;
     }
-    deferred_.push_back(free);
-    deferred_bytes_ += free.bytes;
   }
-  // The gate may have opened between the check and the push, after its
-  // Leave drained: drain again, or the entry would wait for the next one.
-  (void)DrainIfOpen();
+  if (dropped) {
+    TS_LOG(ERROR) << "free gate: a deferred teardown without reserved room was dropped "
+                     "(its resource is leaked)";
+  }
 }
 
 size_t FreeGate::DrainIfOpen() noexcept {
@@ -77,12 +151,33 @@ size_t FreeGate::DrainIfOpen() noexcept {
       next = deferred_.back();
       deferred_.pop_back();
       deferred_bytes_ -= next.bytes;
-      ++ran_;
+      ++running_;
     }
-    next.run(next.data, next.arg);
+    Run(next);
     EndFree();
+    absl::MutexLock lock(&list_mu_);
+    --running_;
+    ++ran_;
   }
   absl::MutexLock lock(&list_mu_);
+  return deferred_.size();
+}
+
+void FreeGate::DrainLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&list_mu_);
+      list_mu_.Await(absl::Condition(this, &FreeGate::DrainerHasWork));
+      if (stop_) return;
+      wake_ = false;
+    }
+    (void)DrainIfOpen();
+  }
+}
+
+size_t FreeGate::AwaitDrained(absl::Duration timeout) {
+  absl::MutexLock lock(&list_mu_);
+  list_mu_.AwaitWithTimeout(absl::Condition(this, &FreeGate::Drained), timeout);
   return deferred_.size();
 }
 
@@ -93,6 +188,10 @@ size_t FreeGate::deferred() const {
 uint64_t FreeGate::deferred_bytes() const {
   absl::MutexLock lock(&list_mu_);
   return deferred_bytes_;
+}
+size_t FreeGate::reserved() const {
+  absl::MutexLock lock(&list_mu_);
+  return reserved_;
 }
 int64_t FreeGate::dropped() const {
   absl::MutexLock lock(&list_mu_);

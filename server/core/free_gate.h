@@ -1,77 +1,101 @@
-// FreeGate: whether memory (and other device resources) may be freed now.
+// FreeGate: whether memory (and other device resources) of ONE device may be
+// freed now.
 //
-// On CUDA, cudaFree, cudaFreeHost, cudaIpcCloseMemHandle, cuMemUnmap /
-// cuMemRelease and cudaStreamDestroy may synchronize the device. While a
-// stream waits on a client's IPC event (server/backends/stream_chain.h),
-// which the client may never record, such a call can block its thread for
-// ever: a request's thread, or a backend's completion thread. So a stream
-// Enter()s the gate before its wait on a client event is queued and
-// Leave()s it once it is back in its pool; meanwhile nothing is freed:
+// On CUDA, cudaFree, cudaFreeHost, cudaIpcCloseMemHandle and cuMemUnmap /
+// cuMemRelease may synchronize the context they run in (the device's
+// primary context: every call sets its device first). While a stream of
+// that device waits on a client's IPC event (server/backends/
+// stream_chain.h), which the client may never record, such a call can
+// block its thread for ever. So a stream Enter()s its device's gate before
+// its wait on a client event is queued and Leave()s it once it is back in
+// its pool; meanwhile nothing of that device is freed:
 //  - BlockPools (server/backends/block_pool.h) do not trim: their idle
 //    blocks stay (beyond the cap, charged to the MemoryBudget: block_pool.h);
 //  - every other synchronizing free or teardown goes through FreeOrDefer:
 //    run at once while the gate is open (holding it, so that no wait is
 //    queued while it runs), else put on the deferred list.
-// The deferred list is drained when the gate opens, by the thread whose
-// Leave opened it (a backend's completion thread: no stream then waits on
-// a client event, so a free there waits for bounded device work only; a
-// gRPC request thread never Leaves: its chains hand their stream to the
-// completion thread), and by DrainIfOpen (a backend's shutdown). If stuck
-// work was leaked at shutdown the gate never opens and the process exits
-// with the deferred frees not run (the OS takes the memory back).
+// cudaStreamDestroy does not pass the gate: it returns at once with work
+// pending (the runtime releases the stream when its work completes).
 //
-// The deferred list is bounded (kMaxDeferred entries, reserved when the
-// gate is made) and counted (deferred(), deferred_bytes(): the bytes they
-// will free; a caller whose memory was charged to a MemoryBudget keeps it
-// charged until its free runs). An entry is trivially copyable, so
-// deferring allocates nothing and FreeOrDefer never throws: it is called
-// on release paths (destructors). Beyond the bound an entry is dropped
-// (never run: the resource is leaked, counted in dropped()) rather than
-// run now, which could block for ever. What defers (mapping teardown,
-// streams beyond the pool's idle cap, the direct staging API's frees) is
-// bounded by the buffer registry's and the stream pool's own bounds, far
-// below kMaxDeferred.
+// One gate per device (ForDevice(ordinal): made on first use, never
+// destroyed, so a deferred free never runs after its gate is gone): a stuck
+// client wait on device k closes k's gate only; frees on device j go on.
+// Pinned host memory (cudaHostAlloc, not portable) belongs to the context it
+// was allocated in and is freed with that device current: its device's gate.
+// Tests make their own gates.
 //
-// One gate per process (Process(): never destroyed, so a deferred free
-// never runs after its gate is gone): cudaFree and the IPC teardown may
-// synchronize more than their own device (not verified), and the mappers
-// (server/memory) tear down mappings of any device. Tests make their own.
+// Who drains the deferred list: the gate's drainer thread (started by the
+// first Reserve), woken when the gate opens (Leave) or an entry is deferred.
+// Never a request thread, nor the thread that Leaves (a backend's completion
+// thread: its other items must not wait behind other clients' frees), nor
+// the caller of FreeOrDefer (which may hold a mapper's lock); DrainIfOpen
+// drains on the calling thread (a backend's shutdown, tests). A free runs
+// only while the gate is open (each holding it), so it waits for bounded
+// device work; a wait entered meanwhile stops the drain. If stuck work was
+// leaked at shutdown the gate never opens and the process exits with the
+// deferred frees not run (the OS takes the memory back).
+//
+// Bounded by construction: whoever makes a resource whose teardown may be
+// deferred first Reserve()s room for its deferral (a mapping opened, a
+// staging allocated: paths that may fail), RESOURCE_EXHAUSTED naming
+// kMaxPending beyond it; the room is given back once its teardown ran (its
+// Deferred returns true) or with Unreserve (the resource went another way).
+// Live resources and deferred teardowns are counted together, so churn while
+// the gate is closed (register, unregister, register ...) ends in that
+// error, never in a dropped entry that leaks for good. The list's capacity
+// follows the reservations (grown in Reserve), so FreeOrDefer allocates
+// nothing and never throws: it is called on release paths (destructors).
+// A FreeOrDefer without room (a caller bug) is dropped (counted, logged),
+// never run now, which could block for ever.
 // Thread-safe.
 #ifndef TOKENSEL_SERVER_CORE_FREE_GATE_H_
 #define TOKENSEL_SERVER_CORE_FREE_GATE_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace tokensel::core {
 
 class FreeGate {
  public:
-  // A free to run once the gate is open: run(data, arg). `bytes`: the
-  // memory it returns (0 for a teardown that returns none of ours).
+  // A free to run once the gate is open: run(data, arg). It returns true
+  // when the resource is gone (its room goes back to the gate), false when
+  // its owner keeps it (a closing IPC handle reused meanwhile: the owner
+  // defers again later, into the same room). `bytes`: the memory it
+  // returns (statistics).
   struct Deferred {
-    void (*run)(void* data, intptr_t arg) = nullptr;
+    bool (*run)(void* data, intptr_t arg) = nullptr;
     void* data = nullptr;
     intptr_t arg = 0;
     uint64_t bytes = 0;
   };
-  static constexpr size_t kMaxDeferred = 4096;
+  // Reservations per gate: live resources that may defer plus deferred
+  // teardowns. Above the registry's largest buffer limit (65536 buffers,
+  // SigbusGuard::kCapacity), so only pending teardowns can reach it.
+  static constexpr size_t kMaxPending = size_t{1} << 17;
+  // ForDevice keeps one gate per ordinal below this; the others share one.
+  static constexpr int kMaxDevices = 64;
 
-  FreeGate();             // reserves the deferred list (may throw std::bad_alloc)
-  ~FreeGate() = default;  // deferred frees not run are dropped
+  FreeGate() = default;
+  ~FreeGate();  // stops the drainer; deferred frees not run are dropped
   FreeGate(const FreeGate&) = delete;
   FreeGate& operator=(const FreeGate&) = delete;
-  // The process's gate (made on first use, never destroyed).
-  static FreeGate& Process();
+  // The gate of device `ordinal` (made on first use, never destroyed; may
+  // throw std::bad_alloc when made).
+  static FreeGate& ForDevice(int ordinal);
 
-  // A stream is about to wait on a client's event.
+  // A stream of the device is about to wait on a client's event.
   void Enter();
-  // That stream is back in its pool. If the gate opens, the deferred frees
-  // run now, on this thread (see above).
+  // That stream is back in its pool. If the gate opens, the drainer is
+  // woken (nothing runs on this thread).
   void Leave();
   // True (holding the gate until EndFree) when no wait is registered: then
   // the caller may free; a wait is queued only after EndFree.
@@ -79,27 +103,51 @@ class FreeGate {
   void EndFree() ABSL_UNLOCK_FUNCTION(mu_);
   bool open() const;
 
-  // Runs `free` now while the gate is open, else defers it (see above).
+  // Room for one deferred teardown (see above); `what` names the resource
+  // in the RESOURCE_EXHAUSTED beyond kMaxPending. Starts the drainer on
+  // first use.
+  absl::Status Reserve(absl::string_view what);
+  // Gives back room whose resource went without a FreeOrDefer.
+  void Unreserve() noexcept;
+  // Runs `free` now while the gate is open, else defers it into the
+  // caller's reserved room (see above).
   void FreeOrDefer(Deferred free) noexcept;
-  // Runs the deferred frees while the gate is open (shutdown); returns how
-  // many are left (the gate closed meanwhile, or never opened).
+  // Runs the deferred frees while the gate is open, on this thread
+  // (shutdown); returns how many are left (the gate closed meanwhile, or
+  // never opened).
   size_t DrainIfOpen() noexcept;
+  // Tests: waits at most `timeout` until no deferred free is waiting or
+  // running; returns how many wait.
+  size_t AwaitDrained(absl::Duration timeout);
 
-  // Statistics: deferred frees waiting and the bytes they will free; frees
-  // dropped because the list was full; deferred frees run so far.
+  // Statistics: deferred frees waiting and the bytes they will free; room
+  // reserved; frees dropped (no room: a caller bug); deferred frees run.
   size_t deferred() const;
   uint64_t deferred_bytes() const;
+  size_t reserved() const;
   int64_t dropped() const;
   int64_t ran_deferred() const;
 
  private:
+  void DrainLoop();
+  // Runs `free`; gives its room back if it says so.
+  void Run(const Deferred& free) noexcept;
+  bool DrainerHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  void Wake() noexcept;
+
   mutable absl::Mutex mu_;
   int waits_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable absl::Mutex list_mu_;  // after mu_ (FreeOrDefer holds neither when it runs)
-  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(list_mu_);
+  mutable absl::Mutex list_mu_;  // after mu_ (a free runs holding neither)
+  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(list_mu_);  // capacity >= reserved_
   uint64_t deferred_bytes_ ABSL_GUARDED_BY(list_mu_) = 0;
+  size_t reserved_ ABSL_GUARDED_BY(list_mu_) = 0;
+  int running_ ABSL_GUARDED_BY(list_mu_) = 0;  // popped, not finished
   int64_t dropped_ ABSL_GUARDED_BY(list_mu_) = 0;
   int64_t ran_ ABSL_GUARDED_BY(list_mu_) = 0;
+  bool wake_ ABSL_GUARDED_BY(list_mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(list_mu_) = false;
+  std::thread drainer_ ABSL_GUARDED_BY(list_mu_);
 };
 
 }  // namespace tokensel::core

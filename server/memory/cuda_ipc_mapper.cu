@@ -6,8 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <variant>
@@ -18,7 +16,8 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/device.h"
-#include "server/core/free_gate.h"
+#include "server/memory/cuda_vmm_device_scope.h"
+#include "server/memory/ipc_handle_table.h"
 
 namespace tokensel::memory {
 namespace {
@@ -31,30 +30,17 @@ absl::Status CudaError(absl::string_view what, cudaError_t err) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
 }
 
-// Makes `device` current for the scope and restores the previous device.
-class ScopedDevice {
- public:
-  static absl::StatusOr<std::unique_ptr<ScopedDevice>> Enter(int device) {
-    int previous = 0;
-    cudaError_t err = cudaGetDevice(&previous);
-    if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
-    err = cudaSetDevice(device);
-    if (err != cudaSuccess) return CudaError(absl::StrCat("cudaSetDevice(", device, ")"), err);
-    return std::unique_ptr<ScopedDevice>(new ScopedDevice(previous));
-  }
-  ~ScopedDevice() {
-    const cudaError_t err = cudaSetDevice(previous_);
-    if (err != cudaSuccess) {
-      TS_LOG(ERROR) << "cudaSetDevice(" << previous_ << "): " << cudaGetErrorString(err);
-    }
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  explicit ScopedDevice(int previous) : previous_(previous) {}
-  const int previous_;
-};
+// Runs `f` (a cudaError_t()) with `device` current: the rule of
+// cuda_vmm_device_scope.h (the caller's device restored only if it had a
+// context: the deferred close runs on the FreeGate's drainer, a thread with
+// no context, where "restoring" device 0 would create GPU 0's context).
+// kSwitchFailed when `device` cannot be made current (nothing ran).
+constexpr int kSwitchFailed = -1;
+template <typename F>
+int OnIpcDevice(int device, F f) {
+  return RunOnDevice(RuntimeDeviceSwitchOps(), device, kSwitchFailed,
+                     [&] { return static_cast<int>(f()); });
+}
 
 // cuMemGetAddressRange through the runtime's driver entry point (null when
 // the driver does not provide it).
@@ -81,65 +67,47 @@ bool IsBadHandle(cudaError_t err) {
          err == cudaErrorMapBufferObjectFailed || err == cudaErrorInvalidDevicePointer;
 }
 
+// The real IpcHandleOps: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle.
+class RuntimeIpcOps final : public IpcHandleOps {
+ public:
+  absl::StatusOr<Opened> Open(const std::string& handle, int device,
+                              uint64_t device_memory) override;
+  void Close(void* base, int device) noexcept override {
+    const int err = OnIpcDevice(device, [base] { return cudaIpcCloseMemHandle(base); });
+    if (err == kSwitchFailed) {
+      TS_LOG(ERROR) << "closing a cuda_ipc handle: cudaSetDevice(" << device
+                    << ") failed; not closed";
+    } else if (err != cudaSuccess) {
+      cudaGetLastError();
+      TS_LOG(ERROR) << "cudaIpcCloseMemHandle: "
+                    << cudaGetErrorString(static_cast<cudaError_t>(err));
+    }
+  }
+};
+
+IpcHandleOps* RealIpcOps() {
+  static RuntimeIpcOps* const ops = new RuntimeIpcOps();  // never destroyed: deferred closes
+  return ops;
+}
+
 }  // namespace
 
 struct CudaIpcMapper::State {
-  struct Opened {
-    void* base = nullptr;
-    int device = 0;
-    uint64_t extent = 0;  // bytes usable from `base`: the allocation, or the device memory
-    uint32_t refs = 0;
-  };
-
-  using Table = std::map<std::string, Opened>;  // key: the 64 handle bytes
-
-  // Drops one reference to `handle`; closes it with the last one.
-  void Release(const std::string& handle) {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = opened.find(handle);
-    if (it != opened.end() && --it->second.refs == 0) CloseLocked(it);
-  }
-
-  // Forgets the handle and closes it. Requires `mu`. cudaIpcCloseMemHandle
-  // may synchronize the device, so it goes through the process's FreeGate
-  // (server/core/free_gate.h): deferred while a stream waits on a client's
-  // event (the last region may go on a backend's completion thread, or on
-  // a request thread). A Map of the same handle before a deferred close ran
-  // opens it anew (the driver may refuse that: the Map then fails; not
-  // verified on a device).
-  void CloseLocked(Table::iterator it) {
-    const Opened closing = it->second;
-    opened.erase(it);
-    core::FreeGate::Process().FreeOrDefer({&Close, closing.base, closing.device, 0});
-  }
-
-  // A FreeGate::Deferred function: `base` was opened on device `device`.
-  static void Close(void* base, intptr_t device) {
-    auto scope = ScopedDevice::Enter(static_cast<int>(device));
-    if (!scope.ok()) TS_LOG(ERROR) << "closing a cuda_ipc handle: " << scope.status();
-    const cudaError_t err = cudaIpcCloseMemHandle(base);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      TS_LOG(ERROR) << "cudaIpcCloseMemHandle: " << cudaGetErrorString(err);
-    }
-  }
-
-  std::mutex mu;
-  Table opened;  // guarded by mu
+  std::shared_ptr<IpcHandleTable> table;
 };
 
 namespace {
 
 class IpcRegion final : public core::MappedRegion {
  public:
-  IpcRegion(std::shared_ptr<CudaIpcMapper::State> state, std::string handle, void* data,
-            uint64_t size, std::string uuid)
-      : state_(std::move(state)),
+  IpcRegion(std::shared_ptr<IpcHandleTable> table, std::string handle, void* data, uint64_t size,
+            std::string uuid)
+      : table_(std::move(table)),
         handle_(std::move(handle)),
         data_(data),
         size_(size),
         uuid_(std::move(uuid)) {}
-  ~IpcRegion() override { state_->Release(handle_); }
+  ~IpcRegion() override { table_->Release(handle_); }
   IpcRegion(const IpcRegion&) = delete;
   IpcRegion& operator=(const IpcRegion&) = delete;
 
@@ -149,22 +117,26 @@ class IpcRegion final : public core::MappedRegion {
   std::string device_uuid() const override { return uuid_; }
 
  private:
-  const std::shared_ptr<CudaIpcMapper::State> state_;
+  const std::shared_ptr<IpcHandleTable> table_;
   const std::string handle_;
   void* const data_;
   const uint64_t size_;
   const std::string uuid_;
 };
 
-// Opens `handle` on `device` and measures what it maps.
-absl::StatusOr<CudaIpcMapper::State::Opened> Open(const std::string& handle, int device,
-                                                  uint64_t device_memory) {
-  ASSIGN_OR_RETURN(auto scope, ScopedDevice::Enter(device));
+}  // namespace
+
+absl::StatusOr<IpcHandleOps::Opened> RuntimeIpcOps::Open(const std::string& handle, int device,
+                                                         uint64_t device_memory) {
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
   void* base = nullptr;
-  const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-  if (err != cudaSuccess) {
+  const int opened = OnIpcDevice(
+      device, [&] { return cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess); });
+  if (opened == kSwitchFailed) {
+    return absl::InternalError(absl::StrCat("cuda_ipc: cudaSetDevice(", device, ") failed"));
+  }
+  if (const auto err = static_cast<cudaError_t>(opened); err != cudaSuccess) {
     if (IsBadHandle(err)) {
       cudaGetLastError();
       return absl::InvalidArgumentError(
@@ -172,24 +144,23 @@ absl::StatusOr<CudaIpcMapper::State::Opened> Open(const std::string& handle, int
     }
     return CudaError("cudaIpcOpenMemHandle", err);
   }
-  CudaIpcMapper::State::Opened opened{base, device, device_memory, /*refs=*/0};
+  Opened result{base, device_memory};
   if (const auto get_range = AddressRangeFn(); get_range != nullptr) {
     CUdeviceptr range_base = 0;
     size_t range_size = 0;
     const CUresult res = get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
     if (res == CUDA_SUCCESS) {
-      opened.extent = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
+      result.extent = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
     } else {
       TS_LOG(WARNING) << "cuMemGetAddressRange failed (" << static_cast<int>(res)
                       << "); bounding a cuda_ipc region by the device memory size";
     }
   }
-  return opened;
+  return result;
 }
 
-}  // namespace
-
-CudaIpcMapper::CudaIpcMapper() : state_(std::make_shared<State>()) {}
+CudaIpcMapper::CudaIpcMapper()
+    : state_(std::make_shared<State>(State{IpcHandleTable::Create(RealIpcOps())})) {}
 CudaIpcMapper::~CudaIpcMapper() = default;
 
 absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
@@ -218,36 +189,16 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
                                                       visible, ")"));
   }
 
-  std::lock_guard<std::mutex> lock(state_->mu);
-  auto it = state_->opened.find(ipc->handle);
-  if (it != state_->opened.end()) {
-    if (it->second.device != device->ordinal) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cuda_ipc.handle is already open on device ", it->second.device, ", not on ",
-                       device->uuid));
-    }
-  } else {
-    ASSIGN_OR_RETURN(State::Opened opened,
-                     Open(ipc->handle, device->ordinal, device->total_memory_bytes));
-    it = state_->opened.emplace(ipc->handle, opened).first;
-  }
-  const uint64_t end = ipc->offset + ipc->size;  // no overflow: ValidateCudaIpcSpec
-  if (end > it->second.extent) {
-    const uint64_t extent = it->second.extent;
-    if (it->second.refs == 0) state_->CloseLocked(it);  // opened just now for this spec
-    return absl::OutOfRangeError(absl::StrCat("cuda_ipc.offset ", ipc->offset, " + cuda_ipc.size ",
-                                              ipc->size, " = ", end, " exceeds the ", extent,
-                                              " bytes of the allocation behind cuda_ipc.handle"));
-  }
-  ++it->second.refs;
-  void* data = static_cast<char*>(it->second.base) + ipc->offset;
-  return std::make_unique<IpcRegion>(state_, ipc->handle, data, ipc->size, device->uuid);
+  // Read once into locals (the spec is server-private already).
+  const uint64_t offset = ipc->offset;
+  const uint64_t size = ipc->size;
+  ASSIGN_OR_RETURN(void* const data,
+                   state_->table->Acquire(ipc->handle, device->ordinal, device->uuid,
+                                          device->total_memory_bytes, offset, size));
+  return std::make_unique<IpcRegion>(state_->table, ipc->handle, data, size, device->uuid);
 }
 
-size_t CudaIpcMapper::open_handle_count() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->opened.size();
-}
+size_t CudaIpcMapper::open_handle_count() const { return state_->table->open_count(); }
 
 std::unique_ptr<core::RegionMapper> MakeCudaIpcMapper() {
   return std::make_unique<CudaIpcMapper>();

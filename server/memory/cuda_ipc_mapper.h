@@ -7,11 +7,17 @@
 //
 // A spec names the 64-byte handle of an allocation *base* plus an offset
 // (caching allocators sub-allocate inside one cudaMalloc block), so many
-// registrations share a handle. Each distinct handle is opened once with
-// cudaIpcOpenMemHandle on the device whose UUID the spec names, refcounted
-// across registrations, and closed (cudaIpcCloseMemHandle) when the last
-// region using it is destroyed. Regions keep the mapper's state alive, so
-// they may outlive the mapper.
+// registrations share a handle. The table of open handles is
+// IpcHandleTable (ipc_handle_table.h, device-free and unit-tested): each
+// distinct handle is opened once with cudaIpcOpenMemHandle on the device
+// whose UUID the spec names, refcounted across registrations, and closed
+// (cudaIpcCloseMemHandle) when the last region using it is destroyed,
+// through that device's FreeGate (server/core/free_gate.h): deferred while
+// a stream of the device waits on a client's event; meanwhile the handle
+// stays open and a new registration of it reuses it. Regions keep the
+// mapper's state alive, so they may outlive the mapper. Every CUDA call
+// runs with its device current, restoring the caller's device only if the
+// caller had a context (cuda_vmm_device_scope.h).
 //
 // Bounds: offset + size is checked for overflow, then against the size of
 // the allocation behind the handle, which is read with the driver's
@@ -20,7 +26,8 @@
 // the client-provided size is trusted up to the device's total memory (a
 // sanity bound) and a warning is logged once.
 //
-// Errors (messages name the field):
+// Errors (messages name the field; RESOURCE_EXHAUSTED when the device has
+// too many handles open or waiting to be closed, FreeGate::kMaxPending):
 //   INVALID_ARGUMENT    not a CudaIpcSpec; handle not exactly 64 bytes;
 //                       empty device_uuid; size == 0; a handle the driver
 //                       rejects as invalid
@@ -32,7 +39,8 @@
 //   INTERNAL            any other CUDA failure (with cudaGetErrorString)
 //
 // Thread-safe: one mutex guards the table of open handles; it is held
-// across cudaIpcOpenMemHandle so a handle is never opened twice.
+// across cudaIpcOpenMemHandle so a handle is never opened twice, and never
+// across a close.
 #ifndef TOKENSEL_SERVER_MEMORY_CUDA_IPC_MAPPER_H_
 #define TOKENSEL_SERVER_MEMORY_CUDA_IPC_MAPPER_H_
 

@@ -28,6 +28,10 @@ class DeviceSwitchOps {
   virtual void RestoreFailed(int device) = 0;
 };
 
+// The runtime's ops (cuda_vmm_driver.cc; CUDA builds only): the VMM
+// driver's and the IPC mapper's (cuda_ipc_mapper.cu). Thread-safe.
+DeviceSwitchOps& RuntimeDeviceSwitchOps();
+
 // Runs `f` (returning a CUresult) with `device` current; `invalid_device` is
 // returned, without running `f`, when `device` cannot be made current.
 template <typename F>

@@ -56,6 +56,29 @@ CUmemLocation DeviceLocation(int device) {
   return location;
 }
 
+// The runtime's side of RunOnDevice.
+class RuntimeOps final : public DeviceSwitchOps {
+ public:
+  explicit RuntimeOps(PFN_cuCtxGetCurrent_v4000 get_current) : get_current_(get_current) {}
+  bool HasCurrentContext() override {
+    CUcontext ctx = nullptr;
+    return get_current_ != nullptr && get_current_(&ctx) == CUDA_SUCCESS && ctx != nullptr;
+  }
+  bool GetDevice(int* device) override { return Ok(cudaGetDevice(device)); }
+  bool SetDevice(int device) override { return Ok(cudaSetDevice(device)); }
+  void RestoreFailed(int device) override {
+    TS_LOG(ERROR) << "cudaSetDevice(" << device << ") after a cuda_vmm or cuda_ipc call failed";
+  }
+
+ private:
+  static bool Ok(cudaError_t err) {
+    if (err == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
+  PFN_cuCtxGetCurrent_v4000 get_current_;
+};
+
 class RealDriver final : public CudaVmmDriver {
  public:
   absl::Status Available() override {
@@ -177,33 +200,10 @@ class RealDriver final : public CudaVmmDriver {
     }
   }
 
-  // The runtime's side of RunOnDevice.
-  class Ops final : public DeviceSwitchOps {
-   public:
-    explicit Ops(PFN_cuCtxGetCurrent_v4000 get_current) : get_current_(get_current) {}
-    bool HasCurrentContext() override {
-      CUcontext ctx = nullptr;
-      return get_current_ != nullptr && get_current_(&ctx) == CUDA_SUCCESS && ctx != nullptr;
-    }
-    bool GetDevice(int* device) override { return Ok(cudaGetDevice(device)); }
-    bool SetDevice(int device) override { return Ok(cudaSetDevice(device)); }
-    void RestoreFailed(int device) override {
-      TS_LOG(ERROR) << "cudaSetDevice(" << device << ") after a cuda_vmm call failed";
-    }
-
-   private:
-    static bool Ok(cudaError_t err) {
-      if (err == cudaSuccess) return true;
-      cudaGetLastError();
-      return false;
-    }
-    PFN_cuCtxGetCurrent_v4000 get_current_;
-  };
-
   // Runs `f` with `device` current (see cuda_vmm_device_scope.h).
   template <typename F>
   Result OnDevice(int device, F f) {
-    Ops ops(ctx_get_current_);
+    RuntimeOps ops(ctx_get_current_);
     return RunOnDevice(ops, device, CUDA_ERROR_INVALID_DEVICE,
                        [&] { return static_cast<Result>(f()); });
   }
@@ -225,6 +225,17 @@ class RealDriver final : public CudaVmmDriver {
 };
 
 }  // namespace
+
+DeviceSwitchOps& RuntimeDeviceSwitchOps() {
+  // Stateless but for the entry point: shared, never destroyed.
+  static RuntimeOps* const ops = [] {
+    PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
+    std::string missing;  // without it: "no context", nothing restored
+    Resolve("cuCtxGetCurrent", 4000, &get_current, &missing);
+    return new RuntimeOps(get_current);
+  }();
+  return *ops;
+}
 
 CudaVmmDriver* RealCudaVmmDriver() {
   static RealDriver* const driver = new RealDriver();  // never destroyed: regions may outlive main

@@ -41,31 +41,41 @@ struct Piece {
 };
 
 // A FreeGate::Deferred function: undoes and deletes the VmmMapping at `m`.
-void UndoLater(void* m, intptr_t /*unused*/) {
+bool UndoLater(void* m, intptr_t /*unused*/) {
   std::unique_ptr<VmmMapping> mapping(static_cast<VmmMapping*>(m));
   mapping->Undo();
+  return true;
 }
 
 class VmmRegion final : public core::MappedRegion {
  public:
-  VmmRegion(VmmMapping mapping, uint64_t offset, uint64_t size, std::string uuid)
-      : mapping_(std::move(mapping)), offset_(offset), size_(size), uuid_(std::move(uuid)) {}
+  // `gate`: the FreeGate of the mapping's device, holding a reservation
+  // for its teardown (Map).
+  VmmRegion(VmmMapping mapping, uint64_t offset, uint64_t size, std::string uuid,
+            core::FreeGate* gate)
+      : mapping_(std::move(mapping)),
+        offset_(offset),
+        size_(size),
+        uuid_(std::move(uuid)),
+        gate_(gate) {}
   // cuMemUnmap / cuMemRelease may synchronize the device: through the
-  // process's FreeGate (server/core/free_gate.h), deferred while a stream
-  // waits on a client's event; its bytes stay counted against
-  // max_mapped_bytes until then. The driver outlives the deferral (the
-  // real one is never destroyed). Should the copy fail to allocate, the
-  // mapping is undone now.
+  // device's FreeGate (server/core/free_gate.h), deferred while a stream of
+  // that device waits on a client's event (a stuck wait on another device
+  // does not hold it back); its bytes stay counted against
+  // max_mapped_bytes until then, and its reservation of the gate's room
+  // too (both bound what a client can leave pending). The driver outlives
+  // the deferral (the real one is never destroyed). Should the copy fail
+  // to allocate, the mapping is undone now.
   ~VmmRegion() override {
     std::unique_ptr<VmmMapping> later(new (std::nothrow) VmmMapping(std::move(mapping_)));
     if (later == nullptr) {
       mapping_.Undo();
+      gate_->Unreserve();
       return;
     }
     const uint64_t bytes = later->counted_bytes;
-    // Owned by the entry from here: UndoLater deletes it (a dropped entry,
-    // beyond the gate's bound, leaks it: free_gate.h).
-    core::FreeGate::Process().FreeOrDefer({&UndoLater, later.release(), 0, bytes});
+    // Owned by the entry from here: UndoLater deletes it.
+    gate_->FreeOrDefer({&UndoLater, later.release(), 0, bytes});
   }  // NOLINT(clang-analyzer-cplusplus.NewDeleteLeaks): the entry owns it
   VmmRegion(const VmmRegion&) = delete;
   VmmRegion& operator=(const VmmRegion&) = delete;
@@ -84,6 +94,15 @@ class VmmRegion final : public core::MappedRegion {
   const uint64_t offset_;
   const uint64_t size_;
   const std::string uuid_;
+  core::FreeGate* const gate_;
+};
+
+// Gives a FreeGate reservation back unless released to a region.
+struct GateRoom {
+  core::FreeGate* gate;
+  ~GateRoom() {
+    if (gate != nullptr) gate->Unreserve();
+  }
 };
 
 absl::Status DriverError(CudaVmmDriver* driver, absl::string_view what, Result r) {
@@ -353,6 +372,13 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   }
   const uint64_t length = m.length;
 
+  // Room for the teardown to be deferred on the device's FreeGate: counts
+  // live mappings and pending teardowns together (free_gate.h), so that
+  // register / unregister churn while the gate is closed ends in
+  // RESOURCE_EXHAUSTED, never in a teardown that cannot be queued.
+  core::FreeGate& gate = core::FreeGate::ForDevice(device->ordinal);
+  RETURN_IF_ERROR(gate.Reserve("cuda_vmm: a mapping"));
+  GateRoom room{&gate};
   // The cap on mapped bytes (the whole reservation), counted before
   // anything is reserved.
   uint64_t now = mapped_bytes_->load();
@@ -388,8 +414,9 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   if (Result r = driver_->SetAccess(ordinal, m.va, length); r != CudaVmmDriver::kSuccess) {
     return DriverError(driver_, "cuMemSetAccess", r);
   }
-  auto region = std::make_unique<VmmRegion>(m, offset, size, device->uuid);
-  guard.Dismiss();  // the region undoes the mapping from now on
+  auto region = std::make_unique<VmmRegion>(m, offset, size, device->uuid, &gate);
+  guard.Dismiss();      // the region undoes the mapping from now on
+  room.gate = nullptr;  // and holds the room
   return region;
 }
 

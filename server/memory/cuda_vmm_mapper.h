@@ -23,9 +23,11 @@
 //   cuMemSetAccess(va, len, read-write on that device)
 // and the region is [va + offset, va + offset + size). The region's
 // destructor (the buffer's last lease) runs cuMemUnmap, cuMemAddressFree and
-// cuMemRelease; every error path releases exactly what was acquired, in
-// reverse order. The descriptor is not kept (the imported handle holds the
-// memory).
+// cuMemRelease through the device's FreeGate (server/core/free_gate.h:
+// deferred while a stream of that device waits on a client's event, its
+// bytes counted until then; Map reserves the room for it); every error path
+// releases exactly what was acquired, in reverse order. The descriptor is not kept (the imported
+// handle holds the memory).
 //
 // Sizes: allocations are whole multiples of the granularity, so mapping
 // AlignUp(offset + size, g) from offset 0 stays inside the allocation iff
@@ -77,7 +79,9 @@
 // FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
 // backend's devices or not visible; the
 // allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the
-// driver is out of memory or address space; max_mapped_bytes), INTERNAL (other driver errors,
+// driver is out of memory or address space; max_mapped_bytes; the device's
+// FreeGate room, server/core/free_gate.h: mappings live or waiting for their
+// deferred teardown), INTERNAL (other driver errors,
 // with the CUresult's name).
 //
 // The driver is reached through CudaVmmDriver (cuda_vmm_driver.h), so the

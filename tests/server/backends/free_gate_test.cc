@@ -1,9 +1,12 @@
-// The FreeGate's deferred frees (server/core/free_gate.h), the StreamPool's
-// idle cap (stream_pool.h) and the BlockPool's charge of idle bytes beyond
-// its cap while the gate is closed (block_pool.h), without a device.
+// The FreeGate's deferred frees (server/core/free_gate.h): per device,
+// bounded by reservation, drained by the gate's own thread; the StreamPool's
+// idle cap (stream_pool.h); the BlockPool's charge of idle bytes beyond its
+// cap while the gate is closed (block_pool.h). Without a device.
 #include "server/core/free_gate.h"
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -23,18 +26,26 @@ using backends::StreamPool;
 using core::FreeGate;
 using core::MemoryBudget;
 
-// A Deferred function: counts its runs in the int64_t at `data`.
-void Count(void* data, intptr_t /*arg*/) { ++*static_cast<int64_t*>(data); }
+constexpr absl::Duration kWait = absl::Seconds(10);
 
-FreeGate::Deferred Counted(int64_t* runs, uint64_t bytes) {
+// A Deferred function: counts its runs in the atomic at `data`.
+bool Count(void* data, intptr_t /*arg*/) {
+  ++*static_cast<std::atomic<int64_t>*>(data);
+  return true;
+}
+
+FreeGate::Deferred Counted(std::atomic<int64_t>* runs, uint64_t bytes) {
   return FreeGate::Deferred{&Count, runs, 0, bytes};
 }
 
-TEST(FreeGateTest, DefersWhileClosedAndDrainsWhenTheLastWaitLeaves) {
+TEST(FreeGateTest, DefersWhileClosedAndItsDrainerRunsThemWhenTheLastWaitLeaves) {
   FreeGate gate;
-  int64_t runs = 0;
-  gate.FreeOrDefer(Counted(&runs, 10));  // open: at once
+  std::atomic<int64_t> runs{0};
+  for (int i = 0; i < 4; ++i) ASSERT_OK(gate.Reserve("test"));
+  EXPECT_EQ(gate.reserved(), 4u);
+  gate.FreeOrDefer(Counted(&runs, 10));  // open: at once, its room back
   EXPECT_EQ(runs, 1);
+  EXPECT_EQ(gate.reserved(), 3u);
   gate.Enter();
   gate.Enter();
   for (uint64_t bytes : {1, 2, 3}) gate.FreeOrDefer(Counted(&runs, bytes));
@@ -43,26 +54,140 @@ TEST(FreeGateTest, DefersWhileClosedAndDrainsWhenTheLastWaitLeaves) {
   EXPECT_EQ(gate.deferred_bytes(), 6u);
   EXPECT_EQ(gate.DrainIfOpen(), 3u);  // closed: nothing runs
   gate.Leave();                       // one wait still there
+  EXPECT_EQ(gate.AwaitDrained(absl::Milliseconds(50)), 3u);
   EXPECT_EQ(runs, 1);
-  gate.Leave();  // open: the leaving thread drains
+  gate.Leave();  // open: the drainer runs them
+  EXPECT_EQ(gate.AwaitDrained(kWait), 0u);
   EXPECT_EQ(runs, 4);
-  EXPECT_EQ(gate.deferred(), 0u);
   EXPECT_EQ(gate.deferred_bytes(), 0u);
   EXPECT_EQ(gate.ran_deferred(), 3);
+  EXPECT_EQ(gate.reserved(), 0u);
   EXPECT_EQ(gate.dropped(), 0);
 }
 
-TEST(FreeGateTest, TheDeferredListIsBoundedAndCountsWhatItDrops) {
+// The review's item 7: the thread whose Leave opens the gate (a backend's
+// completion thread, or a request thread completing a sync chain) does not
+// run other clients' deferred frees; the gate's drainer does.
+std::atomic<std::thread::id> ran_on;
+bool NoteThread(void* /*data*/, intptr_t /*arg*/) {
+  ran_on = std::this_thread::get_id();
+  return true;
+}
+
+TEST(FreeGateTest, LeaveDoesNotRunTheDeferredFreesOnItsThread) {
   FreeGate gate;
-  int64_t runs = 0;
+  ASSERT_OK(gate.Reserve("test"));
   gate.Enter();
-  for (size_t i = 0; i < FreeGate::kMaxDeferred + 5; ++i) gate.FreeOrDefer(Counted(&runs, 1));
-  EXPECT_EQ(gate.deferred(), FreeGate::kMaxDeferred);
-  EXPECT_EQ(gate.dropped(), 5);
+  gate.FreeOrDefer({&NoteThread, nullptr, 0, 0});
+  ran_on = std::thread::id();
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(kWait), 0u);
+  EXPECT_NE(ran_on.load(), std::thread::id());
+  EXPECT_NE(ran_on.load(), std::this_thread::get_id());
+}
+
+// The review's item 1: the list cannot overflow. Room is reserved when a
+// resource is made, live and deferred together; past kMaxPending the maker
+// gets RESOURCE_EXHAUSTED naming the limit, and nothing is ever dropped.
+TEST(FreeGateTest, RoomIsReservedUpFrontSoNothingIsDropped) {
+  FreeGate gate;
+  std::atomic<int64_t> runs{0};
+  for (size_t i = 0; i < FreeGate::kMaxPending; ++i) ASSERT_OK(gate.Reserve("test"));
+  EXPECT_THAT(gate.Reserve("cuda_ipc: opening a handle"),
+              StatusIs(StatusCode::kResourceExhausted, "kMaxPending"));
+  gate.Enter();
+  for (size_t i = 0; i < FreeGate::kMaxPending; ++i) gate.FreeOrDefer(Counted(&runs, 1));
+  EXPECT_EQ(gate.deferred(), FreeGate::kMaxPending);
+  EXPECT_EQ(gate.dropped(), 0);
   EXPECT_EQ(runs, 0);
   gate.Leave();
-  EXPECT_EQ(runs, static_cast<int64_t>(FreeGate::kMaxDeferred));
-  EXPECT_EQ(gate.DrainIfOpen(), 0u);
+  EXPECT_EQ(gate.AwaitDrained(kWait), 0u);
+  EXPECT_EQ(runs, static_cast<int64_t>(FreeGate::kMaxPending));
+  EXPECT_EQ(gate.reserved(), 0u);
+  EXPECT_OK(gate.Reserve("test"));
+  gate.Unreserve();
+  // A deferral without room (a caller bug) is dropped, never run now.
+  gate.Enter();
+  gate.FreeOrDefer(Counted(&runs, 1));
+  EXPECT_EQ(gate.dropped(), 1);
+  gate.Leave();
+}
+
+// A free that reports its resource still in use (a closing IPC handle
+// reused meanwhile) keeps its room for the owner's next deferral.
+bool KeepIt(void* /*data*/, intptr_t /*arg*/) { return false; }
+
+TEST(FreeGateTest, AFreeThatKeepsItsResourceKeepsItsRoom) {
+  FreeGate gate;
+  ASSERT_OK(gate.Reserve("test"));
+  gate.Enter();
+  gate.FreeOrDefer({&KeepIt, nullptr, 0, 0});
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(kWait), 0u);
+  EXPECT_EQ(gate.reserved(), 1u);
+  gate.FreeOrDefer({&KeepIt, nullptr, 0, 0});  // open: at once
+  EXPECT_EQ(gate.reserved(), 1u);
+  gate.Unreserve();
+  EXPECT_EQ(gate.reserved(), 0u);
+}
+
+// The review's items 1 and 2: one gate per device. A stuck client wait on
+// device 0 (its gate closed for ever) does not stop the frees of device 1.
+TEST(FreeGateTest, AStuckWaitOnOneDeviceDoesNotStopFreesOnAnother) {
+  FreeGate& zero = FreeGate::ForDevice(0);
+  FreeGate& one = FreeGate::ForDevice(1);
+  EXPECT_NE(&zero, &one);
+  EXPECT_EQ(&FreeGate::ForDevice(1), &one);  // the same, every time
+  // Ordinals beyond the table share one gate.
+  EXPECT_EQ(&FreeGate::ForDevice(FreeGate::kMaxDevices), &FreeGate::ForDevice(-1));
+  std::atomic<int64_t> runs{0};
+  zero.Enter();
+  ASSERT_OK(one.Reserve("test"));
+  one.FreeOrDefer(Counted(&runs, 1));
+  EXPECT_EQ(runs, 1);  // at once
+  EXPECT_EQ(one.deferred(), 0u);
+  BlockPool::Block block;
+  {
+    CountingPool p("pool", 1024, 0, nullptr, &one);  // cap 0: every release frees
+    block = *p.pool.Acquire(1024);
+    p.pool.Release(block);
+    EXPECT_EQ(p.frees, 1);
+  }
+  zero.Leave();
+}
+
+// Enter racing the drain: no free runs while a wait is registered (Enter
+// waits for a free in progress, and a drain stops at a wait).
+std::atomic<bool> inside{false};
+std::atomic<int64_t> ran_inside{0};
+bool CheckOutside(void* data, intptr_t /*arg*/) {
+  if (inside.load()) ++ran_inside;
+  ++*static_cast<std::atomic<int64_t>*>(data);
+  return true;
+}
+
+TEST(FreeGateTest, NoFreeRunsWhileAWaitIsRegisteredUnderConcurrency) {
+  FreeGate gate;
+  std::atomic<int64_t> runs{0};
+  constexpr int kFrees = 2000;
+  for (int i = 0; i < kFrees; ++i) ASSERT_OK(gate.Reserve("test"));
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    while (!done.load()) {
+      gate.Enter();
+      inside = true;
+      std::this_thread::yield();
+      inside = false;
+      gate.Leave();
+    }
+  });
+  for (int i = 0; i < kFrees; ++i) gate.FreeOrDefer({&CheckOutside, &runs, 0, 1});
+  done = true;
+  waiter.join();
+  EXPECT_EQ(gate.AwaitDrained(kWait), 0u);
+  EXPECT_EQ(runs, kFrees);
+  EXPECT_EQ(ran_inside, 0);
+  EXPECT_EQ(gate.reserved(), 0u);
 }
 
 // The streams destroyed by Destroy, the StreamPool's destroy function.
@@ -71,14 +196,16 @@ void Destroy(void* stream, intptr_t /*arg*/) { destroyed_streams->push_back(stre
 
 // A StreamPool over fake streams: distinct addresses of `slots`.
 struct Streams {
-  explicit Streams(size_t max_idle, FreeGate* gate)
+  explicit Streams(size_t max_idle, int fail_at = -1)
       : pool(
             max_idle,
-            [this]() -> absl::StatusOr<void*> {
-              if (fail) return absl::InternalError("injected stream creation failure");
+            [this, fail_at]() -> absl::StatusOr<void*> {
+              if (fail || static_cast<int>(made) == fail_at) {
+                return absl::InternalError("injected stream creation failure");
+              }
               return static_cast<void*>(&slots[made++]);
             },
-            &Destroy, 0, gate) {
+            &Destroy, 0) {
     destroyed_streams = &destroyed;
   }
   ~Streams() { destroyed_streams = nullptr; }
@@ -86,14 +213,13 @@ struct Streams {
   Streams& operator=(const Streams&) = delete;
   bool fail = false;
   size_t made = 0;
-  char slots[64] = {};
+  char slots[256] = {};
   std::vector<void*> destroyed;
   StreamPool pool;
 };
 
 TEST(StreamPoolTest, ABurstLeavesAtMostTheIdleCap) {
-  FreeGate gate;
-  Streams s(4, &gate);
+  Streams s(4);
   ASSERT_OK(s.pool.Init(2));
   EXPECT_EQ(s.pool.idle(), 2u);
   std::vector<void*> held;
@@ -121,79 +247,35 @@ TEST(StreamPoolTest, ABurstLeavesAtMostTheIdleCap) {
   EXPECT_EQ(s.destroyed.size(), 20u);
 }
 
-TEST(StreamPoolTest, StreamsBeyondTheCapAreDestroyedOnlyOnceTheGateOpens) {
-  FreeGate gate;
-  Streams s(2, &gate);
-  std::vector<void*> held;
-  held.reserve(6);
-  for (int i = 0; i < 6; ++i) held.push_back(*s.pool.Acquire());
-  gate.Enter();  // a stream (of any backend) waits on a client's event
-  for (void* st : held) s.pool.Release(st);
-  EXPECT_TRUE(s.destroyed.empty());
-  EXPECT_EQ(gate.deferred(), 4u);
-  EXPECT_EQ(s.pool.idle(), 2u);
-  gate.Leave();
-  EXPECT_EQ(s.destroyed.size(), 4u);
+// The review's items 1 and 9: cudaStreamDestroy returns at once with work
+// pending, so a stream beyond the cap is destroyed at once, whatever any
+// gate says: bursts while a client wait is stuck leave no list of streams.
+TEST(StreamPoolTest, StreamsBeyondTheCapAreDestroyedAtOnceBurstAfterBurst) {
+  FreeGate& gate = FreeGate::ForDevice(0);
+  gate.Enter();  // a stream of the device waits on a client's event
+  Streams s(2);
+  for (int burst = 0; burst < 10; ++burst) {
+    std::vector<void*> held;
+    held.reserve(6);
+    for (int i = 0; i < 6; ++i) held.push_back(*s.pool.Acquire());
+    for (void* st : held) s.pool.Release(st);
+    EXPECT_EQ(s.pool.idle(), 2u);
+    EXPECT_EQ(s.pool.live(), 2u);
+  }
+  EXPECT_EQ(s.destroyed.size(), 40u);
   EXPECT_EQ(gate.deferred(), 0u);
+  gate.Leave();
+  EXPECT_EQ(s.pool.DestroyIdle(), 0u);
 }
 
-TEST(BlockPoolTest, IdleBytesBeyondTheCapAreChargedToTheBudgetWhileTheGateIsClosed) {
-  FreeGate gate;
-  MemoryBudget budget(size_t{1} << 20, size_t{1} << 20, nullptr);
-  CountingPool p("pool", 1024, 8192, nullptr, &gate);
-  p.pool.AttachBudget(&budget);
-  gate.Enter();
-  std::vector<BlockPool::Block> blocks;
-  for (size_t kb : {4, 8, 16}) blocks.push_back(*p.pool.Acquire(kb * 1024));
-  EXPECT_EQ(p.pool.gated_allocations(), 3);
-  for (const BlockPool::Block& b : blocks) p.pool.Release(b);
-  EXPECT_EQ(p.frees, 0);
-  // 28 KiB idle, 8 KiB cap: 20 KiB no request pays for, charged.
-  EXPECT_EQ(p.pool.cached_bytes(), size_t{28} << 10);
-  EXPECT_EQ(p.pool.charged_bytes(), uint64_t{20} << 10);
-  EXPECT_EQ(budget.used_bytes(), uint64_t{20} << 10);
-  // Requests find that much less room.
-  MemoryBudget::Reservation r = budget.Open();
-  EXPECT_THAT(r.Grow((uint64_t{1} << 20) - (uint64_t{20} << 10) + 1, "staging for x"),
-              StatusIs(StatusCode::kResourceExhausted, "--memory_budget_bytes"));
-  // A reused block is the request's again: the charge shrinks.
-  absl::StatusOr<BlockPool::Block> again = p.pool.Acquire(16 << 10);
-  ASSERT_OK(again);
-  EXPECT_EQ(p.pool.charged_bytes(), uint64_t{4} << 10);
-  p.pool.Release(*again);
-  EXPECT_EQ(budget.used_bytes(), uint64_t{20} << 10);
-  // The gate opens: the next release trims, and the charge goes.
-  gate.Leave();
-  again = p.pool.Acquire(1024);
-  ASSERT_OK(again);
-  p.pool.Release(*again);
-  EXPECT_GT(p.frees, 0);
-  EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
-  EXPECT_EQ(p.pool.charged_bytes(), 0u);
-  EXPECT_EQ(budget.used_bytes(), 0u);
-}
-
-TEST(BlockPoolTest, AChargeBeyondTheBudgetRefusesEveryRequestUntilFreed) {
-  FreeGate gate;
-  MemoryBudget budget(16 << 10, 16 << 10, nullptr);
-  CountingPool p("pool", 1024, 0, nullptr, &gate);
-  p.pool.AttachBudget(&budget);
-  gate.Enter();
-  absl::StatusOr<BlockPool::Block> b = p.pool.Acquire(32 << 10);
-  ASSERT_OK(b);
-  p.pool.Release(*b);
-  // Beyond the total (the memory exists): no request gets a byte.
-  EXPECT_EQ(budget.used_bytes(), uint64_t{32} << 10);
-  MemoryBudget::Reservation r = budget.Open();
-  EXPECT_THAT(r.Grow(1, "staging for x"), StatusIs(StatusCode::kResourceExhausted));
-  gate.Leave();
-  b = p.pool.Acquire(1024);  // not reused (32 KiB > 2 x 1 KiB): a new block
-  ASSERT_OK(b);
-  p.pool.Release(*b);
-  EXPECT_EQ(budget.used_bytes(), 0u);
-  EXPECT_OK(r.Grow(1, "staging for x"));
-  // Detached: nothing stays charged to a budget about to end.
-  p.pool.AttachBudget(nullptr);
+// The review's item 15: a failed Init keeps none of the streams it made.
+TEST(StreamPoolTest, AFailedInitDestroysTheStreamsItMade) {
+  Streams s(8, /*fail_at=*/3);
+  EXPECT_THAT(s.pool.Init(5), StatusIs(StatusCode::kInternal, "injected"));
+  EXPECT_EQ(s.pool.live(), 0u);
+  EXPECT_EQ(s.pool.idle(), 0u);
+  EXPECT_EQ(s.destroyed.size(), 3u);
+  EXPECT_EQ(s.pool.DestroyIdle(), 0u);
 }
 
 }  // namespace

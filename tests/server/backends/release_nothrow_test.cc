@@ -2,7 +2,7 @@
 // std::bad_alloc: they must not allocate. Here every operator new of the
 // calling thread fails (throws std::bad_alloc) around the release calls of
 // BlockPool (a Release that trims), StreamPool (a Release beyond the idle
-// cap, the gate closed: deferred) and FreeGate (FreeOrDefer). A release
+// cap: destroyed) and FreeGate (FreeOrDefer into reserved room, Leave). A release
 // that allocates throws out of the EXPECT_NO_THROW (the old BlockPool's
 // trim built a std::vector of the blocks to free).
 #include <cstdint>
@@ -83,29 +83,45 @@ TEST(ReleaseNoThrowTest, ABlockPoolReleaseThatTrimsAllocatesNothing) {
 }
 
 TEST(ReleaseNoThrowTest, StreamPoolAndFreeGateReleasesAllocateNothing) {
-  FreeGate gate;
   static int destroyed = 0;  // the destroy function counts (no allocation)
   char slots[8] = {};
   size_t made = 0;
   StreamPool pool(
       2, [&]() -> absl::StatusOr<void*> { return static_cast<void*>(&slots[made++]); },
-      [](void* /*stream*/, intptr_t /*arg*/) { ++destroyed; }, 0, &gate);
+      [](void* /*stream*/, intptr_t /*arg*/) { ++destroyed; }, 0);
   std::vector<void*> held;
   held.reserve(6);
   for (int i = 0; i < 6; ++i) held.push_back(*pool.Acquire());
-  gate.Enter();
   for (void* s : held) {
     EXPECT_NO_THROW({
       FailAllocations fail;
-      pool.Release(s);  // idle, or beyond the cap: deferred on the gate
+      pool.Release(s);  // idle, or beyond the cap: destroyed
+    });
+  }
+  EXPECT_EQ(destroyed, 4);
+  // The gate's deferrals go into room reserved beforehand.
+  FreeGate gate;
+  static int freed = 0;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(gate.Reserve("test").ok());
+  gate.Enter();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NO_THROW({
+      FailAllocations fail;
+      gate.FreeOrDefer({[](void*, intptr_t) {
+                          ++freed;
+                          return true;
+                        },
+                        nullptr, 0, 0});
     });
   }
   EXPECT_EQ(gate.deferred(), 4u);
+  EXPECT_EQ(gate.dropped(), 0);
   EXPECT_NO_THROW({
     FailAllocations fail;
-    gate.Leave();  // drains: the destroy function appends within its reserve
+    gate.Leave();  // wakes the drainer
   });
-  EXPECT_EQ(destroyed, 4);
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_EQ(freed, 4);
 }
 
 }  // namespace

@@ -107,24 +107,53 @@ TEST_F(CudaVmmMapperTest, MapsFromOffsetZeroInWholeGranulesOnTheNamedDevice) {
   EXPECT_EQ(driver_.bad_calls, 0);
 }
 
-// cuMemUnmap / cuMemRelease may synchronize the device: while a stream
-// waits on a client's event (the process's FreeGate closed) the region's
-// teardown is deferred, its bytes still counted, until the gate opens.
+// cuMemUnmap / cuMemRelease may synchronize the device: while a stream of
+// the device waits on a client's event (its FreeGate closed) the region's
+// teardown is deferred, its bytes still counted, until the gate opens; the
+// gate's drainer runs it then.
 TEST_F(CudaVmmMapperTest, TeardownWaitsForTheFreeGate) {
   core::FdRegionSpec spec = Allocation(4 * kMiB, 0, 0, kMiB, kGpu0);
+  core::FreeGate& gate = core::FreeGate::ForDevice(0);
+  const size_t reserved = gate.reserved();
   auto region = mapper_.Map(spec);
   ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ(gate.reserved(), reserved + 1);  // room for its teardown
   driver_.calls.clear();
-  core::FreeGate& gate = core::FreeGate::Process();
   gate.Enter();
   region->reset();
   EXPECT_TRUE(driver_.calls.empty());
   EXPECT_EQ(driver_.mapped.size(), 1u);
   EXPECT_EQ(gate.deferred(), 1u);
   gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
   EXPECT_TRUE(driver_.Clean());
   EXPECT_THAT(driver_.calls, ::testing::ElementsAre("unmap", "free", "release"));
   EXPECT_EQ(driver_.bad_calls, 0);
+  EXPECT_EQ(gate.reserved(), reserved);
+}
+
+// The review's items 1 and 2: the gate is the mapping's device's. A stuck
+// client wait on GPU 0 does not hold back the teardown of a GPU 1 mapping;
+// and a map that fails gives its room back.
+TEST_F(CudaVmmMapperTest, ATeardownWaitsOnlyForItsOwnDevicesGate) {
+  core::FreeGate& zero = core::FreeGate::ForDevice(0);
+  core::FreeGate& one = core::FreeGate::ForDevice(1);
+  const size_t reserved = one.reserved();
+  auto region = mapper_.Map(Allocation(4 * kMiB, 1, 0, kMiB, kGpu1));
+  ASSERT_TRUE(region.ok()) << region.status();
+  driver_.calls.clear();
+  zero.Enter();
+  region->reset();
+  EXPECT_THAT(driver_.calls, ::testing::ElementsAre("unmap", "free", "release"));
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(one.reserved(), reserved);
+  zero.Leave();
+  // A map that fails (cuMemMap refuses) holds no room.
+  core::FdRegionSpec spec = Allocation(4 * kMiB, 1, 0, kMiB, kGpu1);
+  driver_.FailAt(FakeDriver::kMap, -1);
+  EXPECT_FALSE(mapper_.Map(spec).ok());
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(one.reserved(), reserved);
 }
 
 // The granule is the imported allocation's own (its properties from the

@@ -1,0 +1,34 @@
+// RuntimeDeviceSwitch: the CUDA runtime's side of the device switch
+// (device_call.h: cuCtxGetCurrent, cudaGetDevice, cudaSetDevice), and
+// OnOwnDevice, the checked call every CudaBackend path that may run on a
+// foreign thread uses: the event calls (cuda_backend_events.cc) and the
+// deferred frees (cuda_backend.cc), which the FreeGate's drainer runs.
+// Without cuCtxGetCurrent the caller is taken to have no context: nothing
+// is restored (never GPU 0's context created by a "restore"). No CUDA
+// header here; the implementation is cuda_device_switch.cc (CUDA builds).
+#ifndef TOKENSEL_SERVER_BACKENDS_CUDA_DEVICE_SWITCH_H_
+#define TOKENSEL_SERVER_BACKENDS_CUDA_DEVICE_SWITCH_H_
+
+#include "server/backends/device_call.h"
+
+namespace tokensel::backends {
+
+class RuntimeDeviceSwitch final : public DeviceSwitch {
+ public:
+  bool HasCurrentContext() override;
+  bool GetDevice(int* device) override;
+  bool SetDevice(int device) override;
+  void RestoreFailed(int device) override;  // logged
+};
+
+// `f` (returning a cudaError_t) with device `ordinal` current, checked, and
+// the caller's device restored after it (device_call.h).
+template <typename F>
+DeviceCall OnOwnDevice(int ordinal, F f) {
+  RuntimeDeviceSwitch ops;
+  return OnDeviceChecked(ops, ordinal, f);
+}
+
+}  // namespace tokensel::backends
+
+#endif  // TOKENSEL_SERVER_BACKENDS_CUDA_DEVICE_SWITCH_H_
