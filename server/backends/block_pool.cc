@@ -1,6 +1,7 @@
 // BlockPool (contract: block_pool.h).
 #include "server/backends/block_pool.h"
 
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -30,11 +31,11 @@ BlockPool::~BlockPool() {
     for (const auto& [bytes, data] : idle_) free_(data);
   } else {
     static absl::Mutex leaked_mu(absl::kConstInit);
-    static auto* const leaked = new std::vector<void*>();
+    static auto* const leaked = new (std::nothrow) std::vector<void*>();
     absl::MutexLock leaked_lock(&leaked_mu);
     for (const auto& [bytes, data] : idle_) {
       try {
-        leaked->push_back(data);
+        if (leaked != nullptr) leaked->push_back(data);
       } catch (...) {  // out of memory: leaked all the same, only unlisted
       }
     }
