@@ -16,7 +16,7 @@ namespace tokensel::core {
 FreeGate::~FreeGate() {
   std::thread drainer;
   {
-    absl::MutexLock lock(&list_mu_);
+    tokensel::MutexLock lock(&list_mu_);
     stop_ = true;
     drainer = std::move(drainer_);
   }
@@ -36,14 +36,14 @@ FreeGate& FreeGate::ForDevice(int ordinal) {
 }
 
 void FreeGate::Enter() {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   ++waits_;
 }
 
 void FreeGate::Leave() {
   bool opened = false;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     opened = --waits_ == 0;
   }
   // The drainer runs the deferred frees, not this thread (free_gate.h).
@@ -60,12 +60,12 @@ bool FreeGate::BeginFree() {
 void FreeGate::EndFree() { mu_.ReaderUnlock(); }
 
 bool FreeGate::open() const {
-  absl::ReaderMutexLock lock(&mu_);
+  tokensel::ReaderMutexLock lock(&mu_);
   return waits_ == 0;
 }
 
 void FreeGate::Wake() noexcept {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   wake_ = true;
 }
 
@@ -74,7 +74,7 @@ bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.emp
 bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
 
 absl::Status FreeGate::Reserve(absl::string_view what) {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   if (reserved_ >= kMaxPending) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": this device has ", reserved_,
@@ -100,7 +100,7 @@ absl::Status FreeGate::Reserve(absl::string_view what) {
 }
 
 void FreeGate::Unreserve() noexcept {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   if (reserved_ > 0) --reserved_;
 }
 
@@ -117,7 +117,7 @@ void FreeGate::FreeOrDefer(Deferred free) noexcept {
   }
   bool dropped = false;
   {
-    absl::MutexLock lock(&list_mu_);
+    tokensel::MutexLock lock(&list_mu_);
     // Room was reserved for it (capacity >= reserved_): no reallocation.
     if (deferred_.size() >= reserved_ || deferred_.size() == deferred_.capacity()) {
       dropped = true;
@@ -143,7 +143,7 @@ size_t FreeGate::DrainIfOpen() noexcept {
     if (!BeginFree()) break;
     Deferred next;
     {
-      absl::MutexLock lock(&list_mu_);
+      tokensel::MutexLock lock(&list_mu_);
       if (deferred_.empty()) {
         EndFree();
         return 0;
@@ -155,19 +155,21 @@ size_t FreeGate::DrainIfOpen() noexcept {
     }
     Run(next);
     EndFree();
-    absl::MutexLock lock(&list_mu_);
+    tokensel::MutexLock lock(&list_mu_);
     --running_;
     ++ran_;
   }
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   return deferred_.size();
 }
 
 void FreeGate::DrainLoop() {
   while (true) {
     {
-      absl::MutexLock lock(&list_mu_);
-      list_mu_.Await(absl::Condition(this, &FreeGate::DrainerHasWork));
+      tokensel::MutexLock lock(&list_mu_);
+      list_mu_.AwaitWithTimeout([this]()
+                                    ABSL_NO_THREAD_SAFETY_ANALYSIS { return DrainerHasWork(); },
+                                absl::InfiniteDuration());
       if (stop_) return;
       wake_ = false;
     }
@@ -176,29 +178,29 @@ void FreeGate::DrainLoop() {
 }
 
 size_t FreeGate::AwaitDrained(absl::Duration timeout) {
-  absl::MutexLock lock(&list_mu_);
-  list_mu_.AwaitWithTimeout(absl::Condition(this, &FreeGate::Drained), timeout);
+  tokensel::MutexLock lock(&list_mu_);
+  list_mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Drained(); }, timeout);
   return deferred_.size();
 }
 
 size_t FreeGate::deferred() const {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   return deferred_.size();
 }
 uint64_t FreeGate::deferred_bytes() const {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   return deferred_bytes_;
 }
 size_t FreeGate::reserved() const {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   return reserved_;
 }
 int64_t FreeGate::dropped() const {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   return dropped_;
 }
 int64_t FreeGate::ran_deferred() const {
-  absl::MutexLock lock(&list_mu_);
+  tokensel::MutexLock lock(&list_mu_);
   return ran_;
 }
 
