@@ -28,7 +28,9 @@ struct RecordingCopy {
 };
 
 TEST(CopyRowsTest, GatherRowRangeCopiesEveryRowInOrderAndPrefetchesOnlyItsOwnRows) {
-  static char base[1];  // the addresses are formed, never dereferenced
+  // Rows [0, 211) at base + row, their sources at base + 1000 + row: every
+  // address formed is inside the array (never dereferenced).
+  static char base[1000 + 211 + 1];
   for (const int64_t row_bytes : {1, 64, 100, 2048, 4096, 1 << 20}) {
     for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
              {0, 0}, {0, 1}, {3, 4}, {5, 6}, {0, 7}, {10, 211}}) {
