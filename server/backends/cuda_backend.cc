@@ -34,7 +34,7 @@ constexpr size_t kStagingGranule = size_t{4} << 10;  // staging blocks: 4 KiB (a
 // shutdown run these on any thread. The switch is checked (a failed
 // cudaSetDevice would free with another device current: then nothing is
 // freed, leaked and logged) and the caller's device restored only if it
-// had one (device_call.h: never GPU 0's context made by a "restore");
+// had one (server/core/device_switch.h: never GPU 0's context made by a "restore");
 // a failed free is logged.
 template <typename F>
 void FreeOnDevice(int ordinal, const char* call, F free) {

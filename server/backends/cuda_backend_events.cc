@@ -34,7 +34,7 @@ bool IsBadEvent(cudaError_t err) {
 }
 
 // A failed switch is the server's trouble, never the client's (not
-// classified as a client event's error: device_call.h).
+// classified as a client event's error: server/core/device_switch.h).
 absl::Status SwitchFailed(int ordinal, absl::string_view where) {
   return absl::InternalError(
       absl::StrCat("cuda backend: cudaSetDevice(", ordinal, ") failed for ", where));

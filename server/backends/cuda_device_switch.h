@@ -1,5 +1,6 @@
 // RuntimeDeviceSwitch: the CUDA runtime's side of the device switch
-// (device_call.h: cuCtxGetCurrent, cudaGetDevice, cudaSetDevice), and
+// (server/core/device_switch.h: cuCtxGetCurrent, cudaGetDevice,
+// cudaSetDevice), and
 // OnOwnDevice, the checked call every CudaBackend path that may run on a
 // foreign thread uses: the event calls (cuda_backend_events.cc) and the
 // deferred frees (cuda_backend.cc), which the FreeGate's drainer runs.
@@ -9,9 +10,13 @@
 #ifndef TOKENSEL_SERVER_BACKENDS_CUDA_DEVICE_SWITCH_H_
 #define TOKENSEL_SERVER_BACKENDS_CUDA_DEVICE_SWITCH_H_
 
-#include "server/backends/device_call.h"
+#include "server/core/device_switch.h"
 
 namespace tokensel::backends {
+
+using core::DeviceCall;
+using core::DeviceSwitch;
+using core::OnDeviceChecked;
 
 class RuntimeDeviceSwitch final : public DeviceSwitch {
  public:
@@ -22,7 +27,7 @@ class RuntimeDeviceSwitch final : public DeviceSwitch {
 };
 
 // `f` (returning a cudaError_t) with device `ordinal` current, checked, and
-// the caller's device restored after it (device_call.h).
+// the caller's device restored after it (server/core/device_switch.h).
 template <typename F>
 DeviceCall OnOwnDevice(int ordinal, F f) {
   RuntimeDeviceSwitch ops;

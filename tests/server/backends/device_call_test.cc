@@ -1,19 +1,22 @@
-// OnDeviceChecked (server/backends/device_call.h) over a fake device switch
+// OnDeviceChecked (server/core/device_switch.h) over a fake device switch
 // ops: the event paths' call runs with the backend's device current, the
 // caller's device comes back after it, and a failed switch is told apart
 // from a call that answered cudaErrorInvalidDevice (the client's event of
 // another device) because the call did not run.
-#include "server/backends/device_call.h"
-
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/core/device_switch.h"
 
 namespace tokensel::backends {
 namespace {
+
+using core::DeviceCall;
+using core::DeviceSwitch;
+using core::OnDeviceChecked;
 
 using ::testing::ElementsAre;
 

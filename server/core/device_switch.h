@@ -1,12 +1,14 @@
-// OnDeviceChecked: one CUDA call of a device backend's event paths with its
-// device current, checked, and the caller's device restored after it. Over
-// a small seam (DeviceSwitch) so the rule is unit-tested without a GPU
-// (tests/server/backends/device_call_test.cc); no CUDA header here
-// (cuda_backend_events.cc has the real ops: cuCtxGetCurrent, cudaGetDevice,
-// cudaSetDevice).
+// OnDeviceChecked: one CUDA call with a device current, checked, and the
+// caller's device restored after it: the one device-switch rule of the
+// server, shared by the device backends (server/backends/cuda_device_switch.h:
+// event calls, deferred frees) and the memory mappers
+// (server/memory/cuda_vmm_device_scope.h: RunOnDevice). Over a small seam
+// (DeviceSwitch) so the rule is unit-tested without a GPU
+// (tests/server/backends/device_call_test.cc); no CUDA header here (the
+// runtime's ops, cuCtxGetCurrent / cudaGetDevice / cudaSetDevice, are in
+// each layer's CUDA-only file).
 //
-// Rule (the one the memory mappers follow, server/memory's RunOnDevice; the
-// layers keep backends from including it): make `device` current
+// Rule: make `device` current
 // (cudaSetDevice, which also makes its primary context current), run the
 // call, and restore the caller's device only when the caller HAD a current
 // context on entry: cudaGetDevice on a thread without one answers 0, and
@@ -18,10 +20,10 @@
 // the driver answers for a client's event of another device (the client's
 // fault), while a failed switch is the server's (INTERNAL). `switched` is
 // false exactly when the call did not run.
-#ifndef TOKENSEL_SERVER_BACKENDS_DEVICE_CALL_H_
-#define TOKENSEL_SERVER_BACKENDS_DEVICE_CALL_H_
+#ifndef TOKENSEL_SERVER_CORE_DEVICE_SWITCH_H_
+#define TOKENSEL_SERVER_CORE_DEVICE_SWITCH_H_
 
-namespace tokensel::backends {
+namespace tokensel::core {
 
 class DeviceSwitch {
  public:
@@ -51,6 +53,6 @@ DeviceCall OnDeviceChecked(DeviceSwitch& ops, int device, F f) {
   return call;
 }
 
-}  // namespace tokensel::backends
+}  // namespace tokensel::core
 
-#endif  // TOKENSEL_SERVER_BACKENDS_DEVICE_CALL_H_
+#endif  // TOKENSEL_SERVER_CORE_DEVICE_SWITCH_H_
