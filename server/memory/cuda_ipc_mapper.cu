@@ -52,8 +52,8 @@ PFN_cuMemGetAddressRange_v3020 AddressRangeFn() {
                                                              cudaEnableDefault, &query);
     if (err != cudaSuccess || query != cudaDriverEntryPointSuccess || p == nullptr) {
       cudaGetLastError();
-      TS_LOG(WARNING) << "cuMemGetAddressRange is unavailable; cuda_ipc sizes are trusted up "
-                         "to the device memory size";
+      TS_LOG(WARNING) << "cuMemGetAddressRange is unavailable; cuda_ipc registrations are "
+                         "refused (no region can be bounded)";
       return static_cast<PFN_cuMemGetAddressRange_v3020>(nullptr);
     }
     return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(p);
@@ -127,12 +127,24 @@ class IpcRegion final : public core::MappedRegion {
 }  // namespace
 
 absl::StatusOr<IpcHandleOps::Opened> RuntimeIpcOps::Open(const std::string& handle, int device,
-                                                         uint64_t device_memory) {
+                                                         uint64_t /*device_memory*/) {
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
   void* base = nullptr;
-  const int opened = OnIpcDevice(
-      device, [&] { return cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess); });
+  // The allocation's extent is asked in the same device scope as the open:
+  // after it the caller's device is restored, and a query from another
+  // context could fail, or answer for another mapping.
+  const PFN_cuMemGetAddressRange_v3020 get_range = AddressRangeFn();
+  CUresult range = CUDA_ERROR_NOT_SUPPORTED;
+  CUdeviceptr range_base = 0;
+  size_t range_size = 0;
+  const int opened = OnIpcDevice(device, [&] {
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err == cudaSuccess && get_range != nullptr) {
+      range = get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+    }
+    return err;
+  });
   if (opened == kSwitchFailed) {
     return absl::InternalError(absl::StrCat("cuda_ipc: cudaSetDevice(", device, ") failed"));
   }
@@ -144,19 +156,18 @@ absl::StatusOr<IpcHandleOps::Opened> RuntimeIpcOps::Open(const std::string& hand
     }
     return CudaError("cudaIpcOpenMemHandle", err);
   }
-  Opened result{base, device_memory};
-  if (const auto get_range = AddressRangeFn(); get_range != nullptr) {
-    CUdeviceptr range_base = 0;
-    size_t range_size = 0;
-    const CUresult res = get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
-    if (res == CUDA_SUCCESS) {
-      result.extent = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
-    } else {
-      TS_LOG(WARNING) << "cuMemGetAddressRange failed (" << static_cast<int>(res)
-                      << "); bounding a cuda_ipc region by the device memory size";
-    }
+  const auto at = reinterpret_cast<CUdeviceptr>(base);
+  if (range != CUDA_SUCCESS || at < range_base || at - range_base > range_size) {
+    // Without the allocation's extent no client offset + size can be
+    // bounded: fail closed (never "trust up to the device memory"). A rare
+    // driver failure, so the handle is closed here, on this thread.
+    (void)OnIpcDevice(device, [&] { return cudaIpcCloseMemHandle(base); });
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat(
+        "cuda_ipc: cannot bound the opened allocation (cuMemGetAddressRange ",
+        get_range == nullptr ? "unavailable" : "failed", ", ", static_cast<int>(range), ")"));
   }
-  return result;
+  return Opened{base, range_size - (at - range_base)};
 }
 
 CudaIpcMapper::CudaIpcMapper()

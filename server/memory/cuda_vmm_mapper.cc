@@ -47,6 +47,44 @@ bool UndoLater(void* m, intptr_t /*unused*/) {
   return true;
 }
 
+// The one way a mapping is torn down, a region's or a failed Map's:
+// cuMemUnmap / cuMemAddressFree / cuMemRelease may synchronize the device,
+// so through the device's FreeGate (server/core/free_gate.h): run now
+// while the gate is open, deferred while a stream of that device waits on
+// a client's event (its bytes stay counted against max_mapped_bytes until
+// then). `gate` holds a reservation for it, which the entry consumes.
+// Should the copy fail to allocate, the mapping is undone now.
+void UndoThroughGate(VmmMapping&& m, core::FreeGate& gate) {
+  std::unique_ptr<VmmMapping> later(new (std::nothrow) VmmMapping());
+  if (later == nullptr) {
+    m.Undo();
+    gate.Unreserve();
+    return;
+  }
+  *later = std::move(m);
+  const uint64_t bytes = later->counted_bytes;
+  // Owned by the entry from here: UndoLater deletes it.
+  gate.FreeOrDefer({&UndoLater, later.release(), 0, bytes});
+}  // NOLINT(clang-analyzer-cplusplus.NewDeleteLeaks): the entry owns it
+
+// A Map in progress: on any failure its partial mapping (imports, the
+// reservation, the mapped segments) goes through UndoThroughGate, never
+// torn down inline on the request thread behind a client's wait.
+class PendingMapping {
+ public:
+  PendingMapping(VmmMapping* m, core::FreeGate* gate) : m_(m), gate_(gate) {}
+  ~PendingMapping() {
+    if (m_ != nullptr) UndoThroughGate(std::move(*m_), *gate_);
+  }
+  void Dismiss() { m_ = nullptr; }  // a region holds the mapping and the room
+  PendingMapping(const PendingMapping&) = delete;
+  PendingMapping& operator=(const PendingMapping&) = delete;
+
+ private:
+  VmmMapping* m_;
+  core::FreeGate* gate_;
+};
+
 class VmmRegion final : public core::MappedRegion {
  public:
   // `gate`: the FreeGate of the mapping's device, holding a reservation
@@ -58,25 +96,12 @@ class VmmRegion final : public core::MappedRegion {
         size_(size),
         uuid_(std::move(uuid)),
         gate_(gate) {}
-  // cuMemUnmap / cuMemRelease may synchronize the device: through the
-  // device's FreeGate (server/core/free_gate.h), deferred while a stream of
-  // that device waits on a client's event (a stuck wait on another device
-  // does not hold it back); its bytes stay counted against
-  // max_mapped_bytes until then, and its reservation of the gate's room
-  // too (both bound what a client can leave pending). The driver outlives
-  // the deferral (the real one is never destroyed). Should the copy fail
-  // to allocate, the mapping is undone now.
-  ~VmmRegion() override {
-    std::unique_ptr<VmmMapping> later(new (std::nothrow) VmmMapping(std::move(mapping_)));
-    if (later == nullptr) {
-      mapping_.Undo();
-      gate_->Unreserve();
-      return;
-    }
-    const uint64_t bytes = later->counted_bytes;
-    // Owned by the entry from here: UndoLater deletes it.
-    gate_->FreeOrDefer({&UndoLater, later.release(), 0, bytes});
-  }  // NOLINT(clang-analyzer-cplusplus.NewDeleteLeaks): the entry owns it
+  // Through the device's FreeGate (UndoThroughGate; a stuck wait on another
+  // device does not hold it back). Its bytes stay counted against
+  // max_mapped_bytes until then, and its reservation of the gate's room too
+  // (both bound what a client can leave pending). The driver outlives the
+  // deferral (the real one is never destroyed).
+  ~VmmRegion() override { UndoThroughGate(std::move(mapping_), *gate_); }
   VmmRegion(const VmmRegion&) = delete;
   VmmRegion& operator=(const VmmRegion&) = delete;
 
@@ -98,13 +123,6 @@ class VmmRegion final : public core::MappedRegion {
 };
 
 // Gives a FreeGate reservation back unless released to a region.
-struct GateRoom {
-  core::FreeGate* gate;
-  ~GateRoom() {
-    if (gate != nullptr) gate->Unreserve();
-  }
-};
-
 absl::Status DriverError(CudaVmmDriver* driver, absl::string_view what, Result r) {
   const std::string name = driver->ErrorName(r);
   if (r == CudaVmmDriver::kOutOfMemory) {
@@ -340,11 +358,19 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
         " exceeds the ", device->total_memory_bytes, " bytes of device ", device->uuid));
   }
 
+  // Room for the teardown to be deferred on the device's FreeGate, taken
+  // before the first import (a failure from there on defers its partial
+  // teardown too): counts live mappings and pending teardowns together
+  // (free_gate.h), so that register / unregister churn while the gate is
+  // closed ends in RESOURCE_EXHAUSTED, never in a teardown that cannot be
+  // queued.
+  core::FreeGate& gate = core::FreeGate::ForDevice(device->ordinal);
+  RETURN_IF_ERROR(gate.Reserve("cuda_vmm: a mapping"));
   VmmMapping m;
   m.driver = driver_;
   m.device = device->ordinal;
+  PendingMapping pending(&m, &gate);
   m.segments.reserve(pieces.size());
-  VmmMappingGuard guard(&m);
   // Import and check every allocation before anything is reserved.
   uint64_t alignment = 1;
   for (const Piece& piece : pieces) {
@@ -372,13 +398,6 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   }
   const uint64_t length = m.length;
 
-  // Room for the teardown to be deferred on the device's FreeGate: counts
-  // live mappings and pending teardowns together (free_gate.h), so that
-  // register / unregister churn while the gate is closed ends in
-  // RESOURCE_EXHAUSTED, never in a teardown that cannot be queued.
-  core::FreeGate& gate = core::FreeGate::ForDevice(device->ordinal);
-  RETURN_IF_ERROR(gate.Reserve("cuda_vmm: a mapping"));
-  GateRoom room{&gate};
   // The cap on mapped bytes (the whole reservation), counted before
   // anything is reserved.
   uint64_t now = mapped_bytes_->load();
@@ -415,8 +434,7 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
     return DriverError(driver_, "cuMemSetAccess", r);
   }
   auto region = std::make_unique<VmmRegion>(m, offset, size, device->uuid, &gate);
-  guard.Dismiss();      // the region undoes the mapping from now on
-  room.gate = nullptr;  // and holds the room
+  pending.Dismiss();  // the region undoes the mapping from now on, and holds the room
   return region;
 }
 

@@ -1,9 +1,9 @@
 // CudaVmmMapping: what one CUDA VMM region holds (one reserved range, one
 // or more imported allocations mapped back to back in it) and its one
 // teardown, Undo(), which every error path of CudaVmmMapper::Map and the
-// region's destructor run. A gate that must run before VMM memory is
-// unmapped (e.g. synchronizing with work that may still use it) hooks into
-// Undo() alone. Device-free: every call goes through CudaVmmDriver.
+// region's destructor run through the device's FreeGate
+// (cuda_vmm_mapper.cc, UndoThroughGate: the unmap may synchronize the
+// device). Device-free: every call goes through CudaVmmDriver.
 #ifndef TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPING_H_
 #define TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPING_H_
 
@@ -44,21 +44,6 @@ struct VmmMapping {
   // first), the reservation freed, every imported handle released (last
   // first). Exactly what was acquired, nothing else.
   void Undo();
-};
-
-// Undoes a VmmMapping unless released to a region.
-class VmmMappingGuard {
- public:
-  explicit VmmMappingGuard(VmmMapping* m) : m_(m) {}
-  ~VmmMappingGuard() {
-    if (m_ != nullptr) m_->Undo();
-  }
-  void Dismiss() { m_ = nullptr; }
-  VmmMappingGuard(const VmmMappingGuard&) = delete;
-  VmmMappingGuard& operator=(const VmmMappingGuard&) = delete;
-
- private:
-  VmmMapping* m_;
 };
 
 }  // namespace tokensel::memory

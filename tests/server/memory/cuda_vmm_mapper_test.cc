@@ -156,6 +156,29 @@ TEST_F(CudaVmmMapperTest, ATeardownWaitsOnlyForItsOwnDevicesGate) {
   EXPECT_EQ(one.reserved(), reserved);
 }
 
+// A Map that fails part way (imported, reserved, cuMemMap refused) while
+// the device's gate is closed: its partial teardown is deferred like a
+// region's, never run on the request thread behind a client's wait (the
+// sixth review's item 1).
+TEST_F(CudaVmmMapperTest, AFailedMapsTeardownWaitsForTheFreeGate) {
+  core::FreeGate& gate = core::FreeGate::ForDevice(0);
+  const size_t reserved = gate.reserved();
+  core::FdRegionSpec spec = Allocation(4 * kMiB, 0, 0, kMiB, kGpu0);
+  driver_.FailAt(FakeDriver::kMap, -1);
+  driver_.calls.clear();
+  gate.Enter();
+  EXPECT_FALSE(mapper_.Map(spec).ok());
+  for (const std::string& call : driver_.calls) {
+    EXPECT_TRUE(call != "unmap" && call != "free" && call != "release") << call << " ran inline";
+  }
+  EXPECT_EQ(gate.deferred(), 1u);
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_TRUE(driver_.Clean());
+  EXPECT_EQ(driver_.bad_calls, 0);
+  EXPECT_EQ(gate.reserved(), reserved);
+}
+
 // The granule is the imported allocation's own (its properties from the
 // handle), not one made up for the device: an allocation of 8 MiB granules
 // on a device whose default is 2 MiB maps in 8 MiB granules.
