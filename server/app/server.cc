@@ -84,11 +84,16 @@ absl::Status Server::Init() {
     ASSIGN_OR_RETURN(backend_, backends::MakeBackend(options_.backend, options_.threads));
   }
   ASSIGN_OR_RETURN(host_memory_, memory::HostFdMapper::Create());
-  cuda_ipc_ = memory::MakeCudaIpcMapper();
-  // The VMM mapper serves only the backend's own devices, and exists only
+  // The CUDA mappers serve only the backend's own devices, and exist only
   // for a backend that accesses CUDA device memory: a CPU backend on a GPU
-  // host must not map (and create contexts on) GPUs for clients.
+  // host must not map (and create contexts on) GPUs for clients (without
+  // them a cuda_ipc or cuda_vmm registration is FAILED_PRECONDITION).
   if (backend_->CanAccess(core::MemoryKind::kCudaDevice)) {
+    std::vector<memory::CudaIpcDevice> ipc_devices;
+    for (const core::DeviceDescription& d : backend_->devices()) {
+      ipc_devices.push_back({d.ordinal, d.uuid});
+    }
+    cuda_ipc_ = memory::MakeCudaIpcMapper(std::move(ipc_devices));
     memory::CudaVmmMapperOptions vmm;
     uint64_t device_bytes = 0;
     for (const core::DeviceDescription& d : backend_->devices()) {

@@ -1,4 +1,5 @@
-// CudaIpcMapper, CUDA build. See cuda_ipc_mapper.h for the contract.
+// CudaIpcMapper's driver, CUDA build: RealCudaIpcOps(). See cuda_ipc_mapper.h for
+// the contract; the mapper's rules are device-free (cuda_ipc_mapper.cc).
 #include "server/memory/cuda_ipc_mapper.h"
 
 #include <cuda.h>
@@ -7,15 +8,10 @@
 
 #include <cstring>
 #include <string>
-#include <utility>
-#include <variant>
-#include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/device.h"
 #include "server/memory/cuda_vmm_device_scope.h"
 #include "server/memory/ipc_handle_table.h"
 
@@ -67,11 +63,25 @@ bool IsBadHandle(cudaError_t err) {
          err == cudaErrorMapBufferObjectFailed || err == cudaErrorInvalidDevicePointer;
 }
 
+// An aliased handle (other bytes naming an allocation this process has open
+// already): CUDA 13 documents a reference count (the same pointer again,
+// balanced by the table's one close per entry); older drivers answered
+// "already mapped" (cudaErrorAlreadyMapped), which is the client's doing,
+// not the device's: INVALID_ARGUMENT naming the field. Not verified on a
+// device (no device here).
+bool IsAliasedHandle(cudaError_t err) { return err == cudaErrorAlreadyMapped; }
+
+// No cudaIpcMemLazyEnablePeerAccess: memory of another GPU is never
+// opened as a peer mapping (the pointer's device is checked after the open,
+// CheckOpened). The runtime's documentation says the flag "must be
+// specified"; 0 is what the driver's flag mask accepts (not verified on a
+// device here: cuda_ipc_device_test.cc's first Map shows it).
+constexpr unsigned kIpcOpenFlags = 0;
+
 // The real IpcHandleOps: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle.
 class RuntimeIpcOps final : public IpcHandleOps {
  public:
-  absl::StatusOr<Opened> Open(const std::string& handle, int device,
-                              uint64_t device_memory) override;
+  absl::StatusOr<Opened> Open(const std::string& handle, int device) override;
   void Close(void* base, int device) noexcept override {
     const int err = OnIpcDevice(device, [base] { return cudaIpcCloseMemHandle(base); });
     if (err == kSwitchFailed) {
@@ -85,134 +95,71 @@ class RuntimeIpcOps final : public IpcHandleOps {
   }
 };
 
-IpcHandleOps* RealIpcOps() {
-  static RuntimeIpcOps* const ops = new RuntimeIpcOps();  // never destroyed: deferred closes
-  return ops;
-}
-
-}  // namespace
-
-struct CudaIpcMapper::State {
-  std::shared_ptr<IpcHandleTable> table;
-};
-
-namespace {
-
-class IpcRegion final : public core::MappedRegion {
- public:
-  IpcRegion(std::shared_ptr<IpcHandleTable> table, std::string handle, void* data, uint64_t size,
-            std::string uuid)
-      : table_(std::move(table)),
-        handle_(std::move(handle)),
-        data_(data),
-        size_(size),
-        uuid_(std::move(uuid)) {}
-  ~IpcRegion() override { table_->Release(handle_); }
-  IpcRegion(const IpcRegion&) = delete;
-  IpcRegion& operator=(const IpcRegion&) = delete;
-
-  void* data() const override { return data_; }
-  uint64_t size() const override { return size_; }
-  core::MemoryKind memory_kind() const override { return core::MemoryKind::kCudaDevice; }
-  std::string device_uuid() const override { return uuid_; }
-
- private:
-  const std::shared_ptr<IpcHandleTable> table_;
-  const std::string handle_;
-  void* const data_;
-  const uint64_t size_;
-  const std::string uuid_;
-};
-
-}  // namespace
-
-absl::StatusOr<IpcHandleOps::Opened> RuntimeIpcOps::Open(const std::string& handle, int device,
-                                                         uint64_t /*device_memory*/) {
+absl::StatusOr<IpcHandleOps::Opened> RuntimeIpcOps::Open(const std::string& handle, int device) {
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
   void* base = nullptr;
-  // The allocation's extent is asked in the same device scope as the open:
-  // after it the caller's device is restored, and a query from another
-  // context could fail, or answer for another mapping.
+  // The allocation's extent and the pointer's device are asked in the same
+  // device scope as the open: after it the caller's device is restored, and
+  // a query from another context could fail, or answer for another mapping.
   const PFN_cuMemGetAddressRange_v3020 get_range = AddressRangeFn();
   CUresult range = CUDA_ERROR_NOT_SUPPORTED;
   CUdeviceptr range_base = 0;
   size_t range_size = 0;
+  int lives_on = -1;
   const int opened = OnIpcDevice(device, [&] {
-    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-    if (err == cudaSuccess && get_range != nullptr) {
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, kIpcOpenFlags);
+    if (err != cudaSuccess) return err;
+    if (get_range != nullptr) {
       range = get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
     }
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, base) == cudaSuccess &&
+        attributes.type == cudaMemoryTypeDevice) {
+      lives_on = attributes.device;
+    }
+    cudaGetLastError();  // a failed query is answered by CheckOpened, not here
     return err;
   });
   if (opened == kSwitchFailed) {
     return absl::InternalError(absl::StrCat("cuda_ipc: cudaSetDevice(", device, ") failed"));
   }
   if (const auto err = static_cast<cudaError_t>(opened); err != cudaSuccess) {
+    cudaGetLastError();
     if (IsBadHandle(err)) {
-      cudaGetLastError();
       return absl::InvalidArgumentError(
           absl::StrCat("cuda_ipc.handle cannot be opened: ", cudaGetErrorString(err)));
     }
+    if (IsAliasedHandle(err)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc.handle names an allocation this server has open under other handle bytes "
+          "(register the handle cudaIpcGetMemHandle gave): ",
+          cudaGetErrorString(err)));
+    }
     return CudaError("cudaIpcOpenMemHandle", err);
   }
+  Opened result;
+  result.base = base;
+  result.device = lives_on;
   const auto at = reinterpret_cast<CUdeviceptr>(base);
-  if (range != CUDA_SUCCESS || at < range_base || at - range_base > range_size) {
-    // Without the allocation's extent no client offset + size can be
-    // bounded: fail closed (never "trust up to the device memory"). A rare
-    // driver failure, so the handle is closed here, on this thread.
-    (void)OnIpcDevice(device, [&] { return cudaIpcCloseMemHandle(base); });
-    cudaGetLastError();
-    return absl::InternalError(absl::StrCat(
-        "cuda_ipc: cannot bound the opened allocation (cuMemGetAddressRange ",
-        get_range == nullptr ? "unavailable" : "failed", ", ", static_cast<int>(range), ")"));
+  if (range == CUDA_SUCCESS && at >= range_base && at - range_base <= range_size) {
+    result.extent_known = true;
+    result.extent = range_size - (at - range_base);
+  } else {
+    TS_LOG(WARNING) << "cuda_ipc: cuMemGetAddressRange "
+                    << (get_range == nullptr ? "unavailable" : "failed") << " ("
+                    << static_cast<int>(range) << "); the registration is refused";
   }
-  return Opened{base, range_size - (at - range_base)};
+  // Refused or not, the table decides (CheckOpened) and closes it through
+  // the device's gate like any refused registration.
+  return result;
 }
 
-CudaIpcMapper::CudaIpcMapper()
-    : state_(std::make_shared<State>(State{IpcHandleTable::Create(RealIpcOps())})) {}
-CudaIpcMapper::~CudaIpcMapper() = default;
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
-    const core::RegionSpec& spec) {
-  const auto* ipc = std::get_if<core::CudaIpcSpec>(&spec);
-  if (ipc == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the cuda_ipc mapper cannot map a ", core::RegionKindName(spec), " region"));
-  }
-  RETURN_IF_ERROR(ValidateCudaIpcSpec(*ipc));
-
-  ASSIGN_OR_RETURN(const std::vector<kernels::cuda::DeviceInfo> devices,
-                   kernels::cuda::ListDevices());
-  if (devices.empty()) {
-    return absl::FailedPreconditionError("cuda_ipc: the server sees no CUDA device");
-  }
-  const kernels::cuda::DeviceInfo* device = nullptr;
-  for (const auto& d : devices) {
-    if (absl::EqualsIgnoreCase(d.uuid, ipc->device_uuid)) device = &d;
-  }
-  if (device == nullptr) {
-    std::string visible;
-    for (const auto& d : devices) absl::StrAppend(&visible, visible.empty() ? "" : ", ", d.uuid);
-    return absl::FailedPreconditionError(absl::StrCat("cuda_ipc.device_uuid \"", ipc->device_uuid,
-                                                      "\" is not a device visible to the server (",
-                                                      visible, ")"));
-  }
-
-  // Read once into locals (the spec is server-private already).
-  const uint64_t offset = ipc->offset;
-  const uint64_t size = ipc->size;
-  ASSIGN_OR_RETURN(void* const data,
-                   state_->table->Acquire(ipc->handle, device->ordinal, device->uuid,
-                                          device->total_memory_bytes, offset, size));
-  return std::make_unique<IpcRegion>(state_->table, ipc->handle, data, size, device->uuid);
-}
-
-size_t CudaIpcMapper::open_handle_count() const { return state_->table->open_count(); }
-
-std::unique_ptr<core::RegionMapper> MakeCudaIpcMapper() {
-  return std::make_unique<CudaIpcMapper>();
+IpcHandleOps* RealCudaIpcOps() {
+  static RuntimeIpcOps* const ops = new RuntimeIpcOps();  // never destroyed: deferred closes
+  return ops;
 }
 
 }  // namespace tokensel::memory

@@ -1,55 +1,63 @@
 // CudaIpcMapper: maps device allocations that co-located workers export with
 // cudaIpcGetMemHandle (RegionSpec = core::CudaIpcSpec). This header includes
-// no CUDA headers; the implementation is cuda_ipc_mapper.cu (nvcc) or, in a
-// build without CUDA, cuda_ipc_mapper_nocuda.cc, whose Map validates the
-// spec and then fails with FAILED_PRECONDITION "this server was built
-// without CUDA".
+// no CUDA headers; the mapper's rules are device-free (cuda_ipc_mapper.cc,
+// unit-tested over a fake IpcHandleOps), the driver calls are in
+// cuda_ipc_mapper.cu (nvcc) or, in a build without CUDA,
+// cuda_ipc_mapper_nocuda.cc, whose open fails with FAILED_PRECONDITION
+// "this server was built without CUDA".
+//
+// The mapper serves only the devices it is given (the backend's: the server
+// creates it only for a backend that accesses CUDA device memory, so a CPU
+// backend on a GPU host never opens a handle, nor creates a context). A spec
+// naming any other device_uuid is FAILED_PRECONDITION before any driver
+// call (FAILED_PRECONDITION, as for cuda_vmm: the request is well formed,
+// this server does not serve that GPU).
 //
 // A spec names the 64-byte handle of an allocation *base* plus an offset
 // (caching allocators sub-allocate inside one cudaMalloc block), so many
 // registrations share a handle. The table of open handles is
 // IpcHandleTable (ipc_handle_table.h, device-free and unit-tested): each
 // distinct handle is opened once with cudaIpcOpenMemHandle on the device
-// whose UUID the spec names, refcounted across registrations, and closed
+// the spec names, WITHOUT cudaIpcMemLazyEnablePeerAccess; in the same
+// device scope the driver is asked the allocation's extent
+// (cuMemGetAddressRange, through cudaGetDriverEntryPointByVersion, so the
+// server does not link libcuda) and the pointer's device
+// (cudaPointerGetAttributes). Memory on another device, or an unknown
+// extent or device, is refused (CheckOpened) and closed through the gate.
+// Handles are refcounted across registrations, and closed
 // (cudaIpcCloseMemHandle) when the last region using it is destroyed,
-// through that device's FreeGate (server/core/free_gate.h): deferred while
-// a stream of the device waits on a client's event; meanwhile the handle
-// stays open and a new registration of it reuses it. Regions keep the
-// mapper's state alive, so they may outlive the mapper. Every CUDA call
+// through that device's FreeGate (server/core/free_gate.h). Regions keep
+// the mapper's state alive, so they may outlive the mapper. Every CUDA call
 // runs with its device current, restoring the caller's device only if the
 // caller had a context (cuda_vmm_device_scope.h).
-//
-// Bounds: offset + size is checked for overflow, then against the size of
-// the allocation behind the handle, which is read with the driver's
-// cuMemGetAddressRange (reached through cudaGetDriverEntryPointByVersion,
-// so the server does not link libcuda). If the driver cannot provide it,
-// the client-provided size is trusted up to the device's total memory (a
-// sanity bound) and a warning is logged once.
 //
 // Errors (messages name the field; RESOURCE_EXHAUSTED when the device has
 // too many handles open or waiting to be closed, FreeGate::kMaxPending):
 //   INVALID_ARGUMENT    not a CudaIpcSpec; handle not exactly 64 bytes;
 //                       empty device_uuid; size == 0; a handle the driver
-//                       rejects as invalid
+//                       rejects as invalid or as already mapped (an alias)
 //   OUT_OF_RANGE        offset + size overflows, or exceeds the allocation
-//                       (or, without the allocation size, the device memory)
-//   FAILED_PRECONDITION no CUDA device; no visible device with that UUID;
-//                       the handle is already open on another device; a
-//                       build without CUDA
-//   INTERNAL            any other CUDA failure (with cudaGetErrorString)
+//   FAILED_PRECONDITION a device_uuid the backend does not serve; memory
+//                       that lives on another device than device_uuid; the
+//                       handle is already open on another device; a build
+//                       without CUDA
+//   INTERNAL            the allocation's extent or device unknown; any other
+//                       CUDA failure (with cudaGetErrorString)
 //
-// Thread-safe: one mutex guards the table of open handles; it is held
-// across cudaIpcOpenMemHandle so a handle is never opened twice, and never
-// across a close.
+// Thread-safe (IpcHandleTable: the driver's open runs outside its lock).
 #ifndef TOKENSEL_SERVER_MEMORY_CUDA_IPC_MAPPER_H_
 #define TOKENSEL_SERVER_MEMORY_CUDA_IPC_MAPPER_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/core/region.h"
+#include "server/memory/ipc_handle_table.h"
 
 namespace tokensel::memory {
 
@@ -60,25 +68,44 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;
 // size > 0, offset + size does not overflow. Both builds apply them first.
 absl::Status ValidateCudaIpcSpec(const core::CudaIpcSpec& spec);
 
+// A device Map opens handles on (one of the backend's): `ordinal` is the
+// CUDA runtime's device number, `uuid` what specs name. (Not
+// core::DeviceDescription: this header is compiled by nvcc as C++17.)
+struct CudaIpcDevice {
+  int ordinal = 0;
+  std::string uuid;
+};
+
+struct CudaIpcMapperOptions {
+  std::vector<CudaIpcDevice> devices;
+  // Tests: a fake driver (null: the real one, RealCudaIpcOps()), and a hook
+  // run where the region is allocated (it may throw).
+  IpcHandleOps* ops = nullptr;
+  IpcHandleTable::GateFor gate_for;
+  std::function<void()> region_hook;
+};
+
 class CudaIpcMapper final : public core::RegionMapper {
  public:
-  CudaIpcMapper();
+  explicit CudaIpcMapper(CudaIpcMapperOptions options);
   ~CudaIpcMapper() override;
   CudaIpcMapper(const CudaIpcMapper&) = delete;
   CudaIpcMapper& operator=(const CudaIpcMapper&) = delete;
 
   absl::StatusOr<std::unique_ptr<core::MappedRegion>> Map(const core::RegionSpec& spec) override;
 
-  // Distinct handles currently open (always 0 without CUDA).
+  // Distinct handles currently in the table (opening, open or closing).
   size_t open_handle_count() const;
 
-  struct State;  // defined by the implementation file
-
  private:
-  std::shared_ptr<State> state_;
+  const CudaIpcMapperOptions options_;
+  const std::shared_ptr<IpcHandleTable> table_;
 };
 
-std::unique_ptr<core::RegionMapper> MakeCudaIpcMapper();
+// The real driver calls (never destroyed: deferred closes use them).
+IpcHandleOps* RealCudaIpcOps();
+
+std::unique_ptr<core::RegionMapper> MakeCudaIpcMapper(std::vector<CudaIpcDevice> devices);
 
 }  // namespace tokensel::memory
 

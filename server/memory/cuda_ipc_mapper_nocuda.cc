@@ -1,35 +1,25 @@
-// CudaIpcMapper in a build without CUDA: the spec is validated like in the
-// CUDA build (so malformed requests get the same precise errors), then
-// every Map fails with FAILED_PRECONDITION.
-#include <variant>
-
-#include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+// CudaIpcMapper's driver in a build without CUDA: every open fails with
+// FAILED_PRECONDITION (the mapper's device-free checks, cuda_ipc_mapper.cc,
+// run first, so malformed requests get the same precise errors).
 #include "server/memory/cuda_ipc_mapper.h"
 
 namespace tokensel::memory {
+namespace {
 
-struct CudaIpcMapper::State {};
-
-CudaIpcMapper::CudaIpcMapper() : state_(std::make_shared<State>()) {}
-CudaIpcMapper::~CudaIpcMapper() = default;
-
-absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
-    const core::RegionSpec& spec) {
-  const auto* ipc = std::get_if<core::CudaIpcSpec>(&spec);
-  if (ipc == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the cuda_ipc mapper cannot map a ", core::RegionKindName(spec), " region"));
+class NoCudaIpcOps final : public IpcHandleOps {
+ public:
+  absl::StatusOr<Opened> Open(const std::string& /*handle*/, int /*device*/) override {
+    return absl::FailedPreconditionError(
+        "cuda_ipc: this server was built without CUDA; register host_shm buffers instead");
   }
-  RETURN_IF_ERROR(ValidateCudaIpcSpec(*ipc));
-  return absl::FailedPreconditionError(
-      "cuda_ipc: this server was built without CUDA; register host_shm buffers instead");
-}
+  void Close(void* /*base*/, int /*device*/) noexcept override {}
+};
 
-size_t CudaIpcMapper::open_handle_count() const { return 0; }
+}  // namespace
 
-std::unique_ptr<core::RegionMapper> MakeCudaIpcMapper() {
-  return std::make_unique<CudaIpcMapper>();
+IpcHandleOps* RealCudaIpcOps() {
+  static NoCudaIpcOps* const ops = new NoCudaIpcOps();
+  return ops;
 }
 
 }  // namespace tokensel::memory

@@ -7,6 +7,51 @@
 
 namespace tokensel::memory {
 
+absl::Status CheckOpened(const IpcHandleOps::Opened& opened, int device, const std::string& uuid) {
+  // The device first: memory of another GPU is refused whatever its extent
+  // (the server never uses a peer mapping of a client's memory: the op
+  // would run on one GPU over another's memory, and the registration would
+  // claim a device the memory is not on).
+  if (opened.device < 0) {
+    return absl::InternalError(
+        "cuda_ipc: cannot tell which device the opened allocation lives on (the driver's "
+        "pointer query failed); refused");
+  }
+  if (opened.device != device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda_ipc.device_uuid is ", uuid, " (device ", device,
+        ") but the allocation behind cuda_ipc.handle lives on device ", opened.device));
+  }
+  if (!opened.extent_known) {
+    // Without the allocation's extent no offset + size can be bounded:
+    // fail closed (never "trust up to the device memory").
+    return absl::InternalError(
+        "cuda_ipc: cannot bound the opened allocation (cuMemGetAddressRange failed); refused");
+  }
+  return absl::OkStatus();
+}
+
+IpcHandleTable::Ref::Ref(Ref&& other) noexcept
+    : table_(std::move(other.table_)),
+      handle_(std::move(other.handle_)),
+      data_(other.data_),
+      held_(std::exchange(other.held_, false)) {}
+
+IpcHandleTable::Ref& IpcHandleTable::Ref::operator=(Ref&& other) noexcept {
+  if (this != &other) {
+    Ref old(std::move(*this));  // released at the end of this scope
+    table_ = std::move(other.table_);
+    handle_ = std::move(other.handle_);
+    data_ = other.data_;
+    held_ = std::exchange(other.held_, false);
+  }
+  return *this;
+}
+
+IpcHandleTable::Ref::~Ref() {
+  if (held_) table_->Release(handle_);
+}
+
 std::shared_ptr<IpcHandleTable> IpcHandleTable::Create(IpcHandleOps* ops, GateFor gate_for) {
   if (gate_for == nullptr) {
     gate_for = [](int device) -> core::FreeGate& { return core::FreeGate::ForDevice(device); };
@@ -25,63 +70,123 @@ core::FreeGate::Deferred IpcHandleTable::QueueCloseLocked(Entry& e) {
   return core::FreeGate::Deferred{&CloseLater, &e, 0, e.extent};
 }
 
-absl::StatusOr<void*> IpcHandleTable::Acquire(const std::string& handle, int device,
-                                              const std::string& uuid, uint64_t device_memory,
-                                              uint64_t offset, uint64_t size) {
+absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocked(
+    std::unique_lock<std::mutex>& lock, const std::string& handle, int device,
+    const std::string& uuid) {
+  core::FreeGate& gate = gate_for_(device);
+  if (absl::Status room = gate.Reserve("cuda_ipc: opening a handle"); !room.ok()) return room;
+  // The entry first (it may throw), then the open.
+  std::shared_ptr<Entry> e;
+  try {
+    e = std::make_shared<Entry>();
+    e->table = this;
+    e->handle = handle;
+    e->device = device;
+    e->gate = &gate;
+    opened_.emplace(handle, e);
+  } catch (...) {
+    gate.Unreserve();
+    throw;
+  }
+  // Without the lock: other handles' Maps go on; this handle's wait on
+  // `changed_` for the result.
+  lock.unlock();
+  absl::StatusOr<IpcHandleOps::Opened> opened = absl::InternalError("cuda_ipc: open threw");
+  try {
+    opened = ops_->Open(handle, device);
+  } catch (...) {
+    lock.lock();
+    e->state = State::kGone;
+    e->refused = opened.status();
+    opened_.erase(handle);
+    gate.Unreserve();
+    changed_.notify_all();
+    throw;
+  }
+  absl::Status verdict = opened.ok() ? CheckOpened(*opened, device, uuid) : opened.status();
+  lock.lock();
+  changed_.notify_all();
+  if (!opened.ok()) {  // nothing is open: nothing left behind
+    e->state = State::kGone;
+    e->refused = verdict;
+    opened_.erase(handle);
+    gate.Unreserve();
+    return verdict;
+  }
+  e->base = opened->base;
+  e->extent = opened->extent_known ? opened->extent : 0;
+  e->state = State::kOpen;
+  // Open but refused: closed like any refused registration (through the
+  // gate, by the caller, with no reference); Acquires of it meanwhile get
+  // the same answer.
+  e->refused = verdict;
+  return e;
+}
+
+absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& handle, int device,
+                                                            const std::string& uuid,
+                                                            uint64_t offset, uint64_t size) {
+  // Everything that may throw before the reference is taken.
+  Ref ref;
+  ref.table_ = shared_from_this();
+  ref.handle_ = handle;
   core::FreeGate::Deferred close;
   core::FreeGate* gate = nullptr;
-  uint64_t extent = 0;
+  absl::Status refused;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = opened_.find(handle);
-    if (it != opened_.end()) {
-      // Open, or closing (its close deferred): reused either way.
-      if (it->second.device != device) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::shared_ptr<Entry> e;
+    while (e == nullptr) {
+      auto it = opened_.find(handle);
+      if (it == opened_.end()) {
+        absl::StatusOr<std::shared_ptr<Entry>> fresh = OpenLocked(lock, handle, device, uuid);
+        if (!fresh.ok()) return fresh.status();
+        e = *std::move(fresh);
+        break;
+      }
+      std::shared_ptr<Entry> found = it->second;
+      if (found->device != device) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "cuda_ipc.handle is already open on device ", it->second.device, ", not on ", uuid));
+            "cuda_ipc.handle is already open on device ", found->device, ", not on ", uuid));
       }
+      switch (found->state) {
+        case State::kOpening:  // the first Map's result is shared
+          changed_.wait(lock, [&] { return found->state != State::kOpening; });
+          if (found->state == State::kOpen) {
+            e = std::move(found);
+          } else if (found->state == State::kGone && !found->refused.ok()) {
+            return found->refused;  // the open failed, or was refused and closed since
+          }
+          break;               // otherwise (closing, or closed since): looked up again
+        case State::kClosing:  // its close runs: then it is opened afresh
+          changed_.wait(lock, [&] { return found->state != State::kClosing; });
+          break;
+        case State::kOpen:
+          e = std::move(found);
+          break;
+        case State::kGone:  // never in the table
+          return absl::InternalError("cuda_ipc: a closed handle is still in the table");
+      }
+    }
+    if (!e->refused.ok()) {
+      refused = e->refused;
+    } else if (offset + size <= e->extent) {  // no overflow: the caller checked
+      ++e->refs;
+      ref.data_ = static_cast<char*>(e->base) + offset;
+      ref.held_ = true;
+      return ref;
     } else {
-      core::FreeGate& device_gate = gate_for_(device);
-      if (absl::Status room = device_gate.Reserve("cuda_ipc: opening a handle"); !room.ok()) {
-        return room;
-      }
-      // The entry first (it may throw), then the open.
-      Entry fresh;
-      fresh.table = this;
-      fresh.handle = handle;
-      fresh.device = device;
-      fresh.gate = &device_gate;
-      try {
-        it = opened_.emplace(handle, std::move(fresh)).first;
-      } catch (...) {
-        device_gate.Unreserve();
-        throw;
-      }
-      absl::StatusOr<IpcHandleOps::Opened> opened = ops_->Open(handle, device, device_memory);
-      if (!opened.ok()) {
-        opened_.erase(it);
-        device_gate.Unreserve();
-        return opened.status();
-      }
-      it->second.base = opened->base;
-      it->second.extent = opened->extent;
+      refused = absl::OutOfRangeError(absl::StrCat(
+          "cuda_ipc.offset ", offset, " + cuda_ipc.size ", size, " = ", offset + size,
+          " exceeds the ", e->extent, " bytes of the allocation behind cuda_ipc.handle"));
     }
-    Entry& e = it->second;
-    // No overflow: the caller checked offset + size.
-    if (offset + size <= e.extent) {
-      ++e.refs;
-      return static_cast<char*>(e.base) + offset;
-    }
-    extent = e.extent;
     // Opened just now for this spec (or closing already): with no
     // reference it goes the way of a last Release.
-    if (e.refs == 0) close = QueueCloseLocked(e);
-    gate = e.gate;
+    if (e->refs == 0) close = QueueCloseLocked(*e);
+    gate = e->gate;
   }
   if (close.run != nullptr) gate->FreeOrDefer(close);  // outside the lock
-  return absl::OutOfRangeError(absl::StrCat("cuda_ipc.offset ", offset, " + cuda_ipc.size ", size,
-                                            " = ", offset + size, " exceeds the ", extent,
-                                            " bytes of the allocation behind cuda_ipc.handle"));
+  return refused;
 }
 
 void IpcHandleTable::Release(const std::string& handle) noexcept {
@@ -90,10 +195,10 @@ void IpcHandleTable::Release(const std::string& handle) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = opened_.find(handle);
-    if (it == opened_.end() || it->second.refs == 0) return;
-    if (--it->second.refs > 0) return;
-    close = QueueCloseLocked(it->second);
-    gate = it->second.gate;
+    if (it == opened_.end() || it->second->refs == 0) return;
+    if (--it->second->refs > 0) return;
+    close = QueueCloseLocked(*it->second);
+    gate = it->second->gate;
   }
   // Outside the lock: run at once while the gate is open (the close may
   // synchronize the device; other Maps must not wait behind it).
@@ -104,20 +209,28 @@ bool IpcHandleTable::CloseLater(void* e, intptr_t /*unused*/) {
   auto* entry = static_cast<Entry*>(e);
   IpcHandleTable* const table = entry->table;  // kept alive by entry->keep
   std::shared_ptr<IpcHandleTable> keep;        // released last, after the lock
-  void* base = nullptr;
-  int device = 0;
+  std::shared_ptr<Entry> hold;                 // the entry, until it is gone
   {
     std::lock_guard<std::mutex> lock(table->mu_);
     keep = std::move(entry->keep);
     entry->close_queued = false;
     // Reused while its close waited: stays open, and keeps its room.
     if (entry->refs > 0) return false;
-    base = entry->base;
-    device = entry->device;
+    // Stays in the table while the driver closes it: an Acquire of the
+    // handle meanwhile waits, then opens afresh (never a new open racing
+    // this close of the same allocation).
+    entry->state = State::kClosing;
     auto it = table->opened_.find(entry->handle);
-    if (it != table->opened_.end()) table->opened_.erase(it);  // `entry` is gone from here
+    if (it != table->opened_.end() && it->second.get() == entry) hold = it->second;
   }
-  table->ops_->Close(base, device);
+  table->ops_->Close(entry->base, entry->device);  // `hold` (the table's) keeps it
+  {
+    std::lock_guard<std::mutex> lock(table->mu_);
+    entry->state = State::kGone;
+    auto it = table->opened_.find(entry->handle);
+    if (it != table->opened_.end() && it->second.get() == entry) table->opened_.erase(it);
+    table->changed_.notify_all();
+  }
   return true;
 }
 
@@ -129,7 +242,9 @@ size_t IpcHandleTable::open_count() const {
 size_t IpcHandleTable::closing_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
-  for (const auto& [handle, e] : opened_) n += e.close_queued ? 1 : 0;
+  for (const auto& [handle, e] : opened_) {
+    n += (e->close_queued || e->state == State::kClosing) ? 1 : 0;
+  }
   return n;
 }
 

@@ -110,7 +110,11 @@ TEST(CudaEventsGpuTest, OutputsAfterRecordEventMatchTheCpu) {
   ASSERT_OK(cuda);
   core::AsyncRequests async(core::AsyncLimits{});
   FakeRegionMapper host;
-  memory::CudaIpcMapper ipc;
+  memory::CudaIpcMapperOptions ipc_options;
+  for (const core::DeviceDescription& d : (*cuda)->devices()) {
+    ipc_options.devices.push_back({d.ordinal, d.uuid});
+  }
+  memory::CudaIpcMapper ipc(std::move(ipc_options));
   {
     core::BufferRegistry registry(&host, &ipc, core::RegistryLimits(), nullptr);
     const uint64_t acts_bytes = kB * kS * kC * 4, idx_bytes = kB * kR * 4,

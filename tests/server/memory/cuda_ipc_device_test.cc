@@ -14,6 +14,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/gpu_uuid.h"
 #include "gtest/gtest.h"
@@ -86,6 +87,19 @@ class Exporter {
   std::string uuid_;
 };
 
+// The mapper over every visible device (the server gives it the backend's).
+CudaIpcMapperOptions AllVisible() {
+  CudaIpcMapperOptions options;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    options.devices.push_back({i, FormatGpuUuid(prop.uuid.bytes)});
+  }
+  return options;
+}
+
 std::vector<unsigned char> CopyOut(const core::MappedRegion& region, size_t n) {
   std::vector<unsigned char> host(n);
   EXPECT_EQ(cudaMemcpy(host.data(), region.data(), n, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -96,7 +110,7 @@ TEST(CudaIpcDeviceTest, MapsAnAllocationOfAnotherProcess) {
   TOKENSEL_REQUIRE_GPU();
   Exporter exporter;
   ASSERT_TRUE(exporter.Start());
-  CudaIpcMapper mapper;
+  CudaIpcMapper mapper(AllVisible());
   const std::string& h = exporter.handle();
   const std::string& uuid = exporter.uuid();
 
@@ -134,11 +148,39 @@ TEST(CudaIpcDeviceTest, MapsAnAllocationOfAnotherProcess) {
   EXPECT_EQ(exporter.Stop(), 0);
 }
 
+// The sixth review: memory of another GPU was opened as a peer mapping.
+// With two devices, a spec naming the device the allocation is NOT on is
+// refused (the open without the peer flag fails, or the pointer's device
+// differs: FAILED_PRECONDITION naming the field), nothing stays open, and the right device
+// still maps it afterwards (no stale entry, no "already mapped").
+TEST(CudaIpcDeviceTest, MemoryOfAnotherDeviceIsRefused) {
+  TOKENSEL_REQUIRE_GPU();
+  const CudaIpcMapperOptions all = AllVisible();
+  if (all.devices.size() < 2) GTEST_SKIP() << "needs two devices";
+  Exporter exporter;
+  ASSERT_TRUE(exporter.Start());
+  std::string other;
+  for (const CudaIpcDevice& d : all.devices) {
+    if (!absl::EqualsIgnoreCase(d.uuid, exporter.uuid())) other = d.uuid;
+  }
+  CudaIpcMapper mapper(all);
+  auto wrong = mapper.Map(core::CudaIpcSpec{exporter.handle(), other, 0, 16});
+  // Which code depends on the driver (not verified here): refused is what
+  // matters; FAILED_PRECONDITION when the open succeeds on the wrong device.
+  ASSERT_FALSE(wrong.ok());
+  std::fprintf(stderr, "memory of another device: %s\n", wrong.status().ToString().c_str());
+  EXPECT_EQ(mapper.open_handle_count(), 0u);
+  auto right = mapper.Map(core::CudaIpcSpec{exporter.handle(), exporter.uuid(), 0, 16});
+  ASSERT_OK(right);
+  right->reset();
+  EXPECT_EQ(exporter.Stop(), 0);
+}
+
 TEST(CudaIpcDeviceTest, GarbageHandleIsRejected) {
   TOKENSEL_REQUIRE_GPU();
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  CudaIpcMapper mapper;
+  CudaIpcMapper mapper(AllVisible());
   const std::string garbage(kCudaIpcHandleBytes, '\x11');
   auto result = mapper.Map(core::CudaIpcSpec{garbage, FormatGpuUuid(prop.uuid.bytes), 0, 16});
   EXPECT_FALSE(result.ok());

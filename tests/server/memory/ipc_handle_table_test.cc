@@ -2,7 +2,8 @@
 // table of open handles, over fake open/close functions and test gates:
 // a closing handle is reused (no second open, no second deferred close),
 // the close runs outside the table's lock, the gate's room bounds what is
-// open or closing, and each device has its own gate.
+// open or closing, and each device has its own gate. Blocking opens and
+// closes, refused opens, aliases: ipc_handle_table_open_test.cc.
 #include "server/memory/ipc_handle_table.h"
 
 #include <chrono>
@@ -31,12 +32,11 @@ std::string Handle(char c) { return std::string(64, c); }
 // Opens give distinct bases of `arena`; counts opens and closes per handle.
 class FakeIpcOps final : public IpcHandleOps {
  public:
-  absl::StatusOr<Opened> Open(const std::string& handle, int /*device*/,
-                              uint64_t /*device_memory*/) override {
+  absl::StatusOr<Opened> Open(const std::string& handle, int device) override {
     if (handle == Handle('x'))
       return absl::InvalidArgumentError("cuda_ipc.handle cannot be opened");
     ++opens[handle];
-    return Opened{&arena[next++ % 16], kExtent};
+    return Opened{&arena[next++ % 16], true, kExtent, device};
   }
   void Close(void* base, int /*device*/) noexcept override {
     ++closes;
@@ -67,8 +67,9 @@ class IpcHandleTableTest : public ::testing::Test {
       : table_(IpcHandleTable::Create(&ops_, [this](int d) -> FreeGate& { return gates_[d]; })) {
     ops_.table = table_.get();
   }
-  absl::StatusOr<void*> Acquire(char c, int device = 0, uint64_t offset = 0, uint64_t size = 16) {
-    return table_->Acquire(Handle(c), device, "GPU-test", kExtent, offset, size);
+  absl::StatusOr<IpcHandleTable::Ref> Acquire(char c, int device = 0, uint64_t offset = 0,
+                                              uint64_t size = 16) {
+    return table_->Acquire(Handle(c), device, "GPU-test", offset, size);
   }
   FreeGate gates_[2];  // first: outlives the table and its deferred closes
   FakeIpcOps ops_;
@@ -76,22 +77,21 @@ class IpcHandleTableTest : public ::testing::Test {
 };
 
 TEST_F(IpcHandleTableTest, OneOpenPerHandleClosedWithTheLastReference) {
-  absl::StatusOr<void*> a = Acquire('a', 0, 0, 16);
-  absl::StatusOr<void*> b = Acquire('a', 0, 100, 16);
+  absl::StatusOr<IpcHandleTable::Ref> a = Acquire('a', 0, 0, 16);
+  absl::StatusOr<IpcHandleTable::Ref> b = Acquire('a', 0, 100, 16);
   ASSERT_OK(a);
   ASSERT_OK(b);
-  EXPECT_EQ(static_cast<char*>(*b) - static_cast<char*>(*a), 100);
+  EXPECT_EQ(static_cast<char*>(b->data()) - static_cast<char*>(a->data()), 100);
   EXPECT_EQ(ops_.opens[Handle('a')], 1);
   EXPECT_EQ(gates_[0].reserved(), 1u);  // room for its close
-  table_->Release(Handle('a'));
+  a = absl::CancelledError();           // drops a reference
   EXPECT_EQ(ops_.closes, 0);
-  table_->Release(Handle('a'));  // gate open: closed now, on this thread
+  b = absl::CancelledError();  // gate open: closed now, on this thread
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(ops_.locked_closes, 0);
   EXPECT_EQ(table_->open_count(), 0u);
   EXPECT_EQ(gates_[0].reserved(), 0u);
   EXPECT_THAT(Acquire('a', 1), ::tokensel::testing::IsOk());  // gone: may open on another device
-  table_->Release(Handle('a'));
 }
 
 // The review's item 1: register / unregister churn of one handle while the
@@ -100,8 +100,7 @@ TEST_F(IpcHandleTableTest, OneOpenPerHandleClosedWithTheLastReference) {
 TEST_F(IpcHandleTableTest, AClosingHandleIsReusedNotReopened) {
   gates_[0].Enter();
   for (int round = 0; round < 100; ++round) {
-    ASSERT_OK(Acquire('a'));
-    table_->Release(Handle('a'));
+    ASSERT_OK(Acquire('a'));  // released at once
   }
   EXPECT_EQ(ops_.opens[Handle('a')], 1);
   EXPECT_EQ(ops_.closes, 0);
@@ -110,14 +109,15 @@ TEST_F(IpcHandleTableTest, AClosingHandleIsReusedNotReopened) {
   EXPECT_EQ(table_->closing_count(), 1u);
   EXPECT_EQ(gates_[0].reserved(), 1u);
   // Taken again while its close waits: the close, when it runs, leaves it.
-  ASSERT_OK(Acquire('a'));
+  absl::StatusOr<IpcHandleTable::Ref> again = Acquire('a');
+  ASSERT_OK(again);
   gates_[0].Leave();
   EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 0);
   EXPECT_EQ(table_->open_count(), 1u);
   EXPECT_EQ(table_->closing_count(), 0u);
   EXPECT_EQ(gates_[0].reserved(), 1u);
-  table_->Release(Handle('a'));  // open: closed now
+  again = absl::CancelledError();  // open: closed now
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(gates_[0].reserved(), 0u);
   EXPECT_EQ(ops_.locked_closes, 0);
@@ -153,19 +153,17 @@ TEST_F(IpcHandleTableTest, FailingRegistrationsOpenAndQueueOnce) {
 TEST_F(IpcHandleTableTest, PendingClosesCountAgainstTheDevicesRoom) {
   for (size_t i = 0; i + 2 < FreeGate::kMaxPending; ++i) ASSERT_OK(gates_[0].Reserve("filler"));
   gates_[0].Enter();
-  ASSERT_OK(Acquire('a'));
-  table_->Release(Handle('a'));  // closing: still holds its room
-  ASSERT_OK(Acquire('b'));
+  ASSERT_OK(Acquire('a'));  // released: closing, still holds its room
+  absl::StatusOr<IpcHandleTable::Ref> b = Acquire('b');
+  ASSERT_OK(b);
   EXPECT_THAT(Acquire('c'), StatusIs(StatusCode::kResourceExhausted, "kMaxPending"));
   EXPECT_EQ(ops_.opens.count(Handle('c')), 0u);
   // The other device is not affected.
   EXPECT_OK(Acquire('c', 1));
-  table_->Release(Handle('c'));
   EXPECT_EQ(ops_.closes, 1);  // device 1's gate is open: at once
   // Device 0 still reuses what it has open or closing.
   EXPECT_OK(Acquire('a'));
-  table_->Release(Handle('a'));
-  table_->Release(Handle('b'));
+  b = absl::CancelledError();
   gates_[0].Leave();
   EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 3);
@@ -176,9 +174,11 @@ TEST_F(IpcHandleTableTest, PendingClosesCountAgainstTheDevicesRoom) {
 
 // A handle open on one device is refused on another.
 TEST_F(IpcHandleTableTest, AHandleOpenOnOneDeviceIsRefusedOnAnother) {
-  ASSERT_OK(Acquire('a', 0));
-  EXPECT_THAT(Acquire('a', 1), StatusIs(StatusCode::kFailedPrecondition, "open on device 0"));
-  table_->Release(Handle('a'));
+  {
+    absl::StatusOr<IpcHandleTable::Ref> a = Acquire('a', 0);
+    ASSERT_OK(a);
+    EXPECT_THAT(Acquire('a', 1), StatusIs(StatusCode::kFailedPrecondition, "open on device 0"));
+  }
   EXPECT_EQ(ops_.closes, 1);
 }
 
@@ -193,8 +193,7 @@ TEST(IpcHandleTableLifetimeTest, ADeferredCloseOutlivesItsOwners) {
         IpcHandleTable::Create(&ops, [&](int) -> FreeGate& { return gate; });
     weak = table;
     gate.Enter();
-    ASSERT_OK(table->Acquire(Handle('a'), 0, "GPU-test", kExtent, 0, 16));
-    table->Release(Handle('a'));
+    ASSERT_OK(table->Acquire(Handle('a'), 0, "GPU-test", 0, 16));  // released at once
   }
   EXPECT_FALSE(weak.expired());
   gate.Leave();
