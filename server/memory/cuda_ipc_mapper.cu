@@ -71,12 +71,14 @@ bool IsBadHandle(cudaError_t err) {
 // device (no device here).
 bool IsAliasedHandle(cudaError_t err) { return err == cudaErrorAlreadyMapped; }
 
-// No cudaIpcMemLazyEnablePeerAccess: memory of another GPU is never
-// opened as a peer mapping (the pointer's device is checked after the open,
-// CheckOpened). The runtime's documentation says the flag "must be
-// specified"; 0 is what the driver's flag mask accepts (not verified on a
-// device here: cuda_ipc_device_test.cc's first Map shows it).
-constexpr unsigned kIpcOpenFlags = 0;
+// The runtime documents cudaIpcMemLazyEnablePeerAccess as the one value the
+// flags "must be specified as"; 0 is undocumented, and if a driver refused it
+// every IPC registration would fail. So the documented flag, and memory of
+// another GPU is refused after the open instead (CheckOpened on the pointer's
+// device, then closed through the gate). The cost of such a refused open: the
+// driver may have enabled peer access from our context to that GPU (bounded
+// by the device count, harmless to other clients; no mapping is kept).
+constexpr unsigned kIpcOpenFlags = cudaIpcMemLazyEnablePeerAccess;
 
 // The real IpcHandleOps: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle.
 class RuntimeIpcOps final : public IpcHandleOps {
