@@ -58,9 +58,11 @@ BlockPool::FreeFn FreeDevice(int ordinal) {
   return [ordinal](void* p) { FreeOnDevice(ordinal, "cudaFree", [p] { return cudaFree(p); }); };
 }
 
-// Pinned staging: allocated with the device current (cudaHostAllocDefault:
-// not portable, the memory belongs to that device's context), freed with it
-// current; so it passes that device's FreeGate (free_gate.h).
+// Pinned staging: allocated and freed with the device current. With unified
+// addressing the memory is portable all the same (mapped into every
+// context) and cudaFreeHost may synchronize any context: so the pinned pool
+// passes the HOST gate (FreeGate::ForHost), open only while every device's
+// gate is (free_gate.h), not this device's alone.
 BlockPool::FreeFn FreePinned(int ordinal) {
   return [ordinal](void* p) {
     FreeOnDevice(ordinal, "cudaFreeHost", [p] { return cudaFreeHost(p); });
@@ -83,23 +85,41 @@ void DestroyStreamOn(void* s, intptr_t ordinal) {
 
 class DeviceStaging final : public core::Backend::Staging {
  public:
-  // `gate` holds a reservation for this staging's free (AllocateStaging).
-  DeviceStaging(int ordinal, void* data, uint64_t size, FreeGate* gate)
-      : ordinal_(ordinal), data_(data), size_(size), gate_(gate) {}
+  // Made before anything is allocated (AllocateStaging): if making it
+  // throws, nothing is held; Allocate then takes the gate's room and the
+  // memory, and from then on only the destructor gives them back.
+  DeviceStaging(int ordinal, uint64_t size, FreeGate* gate)
+      : ordinal_(ordinal), size_(size), gate_(gate) {}
   // cudaFree may synchronize the device: through the device's gate
-  // (deferred while a stream of it waits on a client's event, free_gate.h).
-  ~DeviceStaging() override { gate_->FreeOrDefer({&CudaFreeOn, data_, ordinal_, size_}); }
+  // (queued for its drainer, run while no stream of the device waits on a
+  // client's event, free_gate.h). Nothing if Allocate failed.
+  ~DeviceStaging() override {
+    if (data_ != nullptr) gate_->FreeOrDefer({&CudaFreeOn, data_, ordinal_, size_});
+  }
   DeviceStaging(const DeviceStaging&) = delete;
   DeviceStaging& operator=(const DeviceStaging&) = delete;
+  // Room for the deferred free, then the memory (the device current); on a
+  // failure neither is held. Returns cudaMalloc's error.
+  absl::Status Reserve() { return gate_->Reserve("cuda backend: staging"); }
+  cudaError_t Allocate() {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, size_ == 0 ? 1 : size_);
+    if (err != cudaSuccess) {
+      gate_->Unreserve();
+      return err;
+    }
+    data_ = p;
+    return cudaSuccess;
+  }
   void* data() const override { return data_; }
   uint64_t size() const override { return size_; }
   int ordinal() const { return ordinal_; }
 
  private:
-  int ordinal_;
-  void* data_;
-  uint64_t size_;
-  FreeGate* gate_;
+  const int ordinal_;
+  void* data_ = nullptr;
+  const uint64_t size_;
+  FreeGate* const gate_;
 };
 
 }  // namespace
@@ -147,10 +167,11 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
           "cuda backend: device staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocateDevice(bytes, "staging"); },
           FreeDevice(device_.ordinal), &free_gate_),
+      // The host gate: pinned memory is not per device (FreePinned).
       pinned_(
           "cuda backend: pinned host staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocatePinned(bytes); }, FreePinned(device_.ordinal),
-          &free_gate_),
+          &FreeGate::ForHost()),
       completions_(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_}),
       events_(this) {}
 
@@ -382,12 +403,12 @@ absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateSta
     NoteError(err, "cudaSetDevice");
     return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
   }
-  // Room for its free to be deferred (free_gate.h), before anything is made.
-  RETURN_IF_ERROR(free_gate_.Reserve("cuda backend: staging"));
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
-  if (err != cudaSuccess) {
-    free_gate_.Unreserve();
+  // The owner first (may throw, holding nothing), then room for its free to
+  // be deferred (free_gate.h), then the memory: no path holds the room or
+  // the memory without the owner that gives them back.
+  auto staging = std::make_unique<DeviceStaging>(device_.ordinal, bytes, &free_gate_);
+  RETURN_IF_ERROR(staging->Reserve());
+  if (const cudaError_t err = staging->Allocate(); err != cudaSuccess) {
     (void)cudaGetLastError();
     if (NoteError(err, "cudaMalloc of staging")) {
       return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));
@@ -395,7 +416,7 @@ absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateSta
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
   }
-  auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes, &free_gate_);
+  void* const p = staging->data();
   // cudaMemset of device memory is asynchronous and runs on the legacy
   // stream, which the ops' non-blocking streams do not wait for: without the
   // synchronization the zero fill could land after the kernel wrote the

@@ -85,7 +85,8 @@ TEST_F(IpcHandleTableTest, OneOpenPerHandleClosedWithTheLastReference) {
   EXPECT_EQ(gates_[0].reserved(), 1u);  // room for its close
   table_->Release(Handle('a'));
   EXPECT_EQ(ops_.closes, 0);
-  table_->Release(Handle('a'));  // gate open: closed now, on this thread
+  table_->Release(Handle('a'));  // gate open: its drainer closes it (free_gate.h)
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(ops_.locked_closes, 0);
   EXPECT_EQ(table_->open_count(), 0u);
@@ -117,7 +118,8 @@ TEST_F(IpcHandleTableTest, AClosingHandleIsReusedNotReopened) {
   EXPECT_EQ(table_->open_count(), 1u);
   EXPECT_EQ(table_->closing_count(), 0u);
   EXPECT_EQ(gates_[0].reserved(), 1u);
-  table_->Release(Handle('a'));  // open: closed now
+  table_->Release(Handle('a'));  // open: its drainer closes it
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(gates_[0].reserved(), 0u);
   EXPECT_EQ(ops_.locked_closes, 0);
@@ -161,7 +163,8 @@ TEST_F(IpcHandleTableTest, PendingClosesCountAgainstTheDevicesRoom) {
   // The other device is not affected.
   EXPECT_OK(Acquire('c', 1));
   table_->Release(Handle('c'));
-  EXPECT_EQ(ops_.closes, 1);  // device 1's gate is open: at once
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.closes, 1);  // device 1's gate is open: its drainer closed it
   // Device 0 still reuses what it has open or closing.
   EXPECT_OK(Acquire('a'));
   table_->Release(Handle('a'));
@@ -179,6 +182,7 @@ TEST_F(IpcHandleTableTest, AHandleOpenOnOneDeviceIsRefusedOnAnother) {
   ASSERT_OK(Acquire('a', 0));
   EXPECT_THAT(Acquire('a', 1), StatusIs(StatusCode::kFailedPrecondition, "open on device 0"));
   table_->Release(Handle('a'));
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);
 }
 
