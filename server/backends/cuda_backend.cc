@@ -83,6 +83,26 @@ void DestroyStreamOn(void* s, intptr_t ordinal) {
                [s] { return cudaStreamDestroy(static_cast<cudaStream_t>(s)); });
 }
 
+// The direct staging API's fills and copies (AllocateStaging, Copy*): on a
+// pooled non-blocking stream, then that stream synchronized, never on the
+// legacy stream. The Programming Guide lists "a device memory set" (and
+// any command to the NULL stream) among the operations that order the
+// device's work around them, so a legacy cudaMemset followed by a legacy
+// synchronization might wait behind a stream waiting on a client's event;
+// a stream-ordered copy on our own non-blocking stream waits for nothing
+// but its own stream (docs/gpu.md, "Calls on request threads"). Returns
+// op's error, else the synchronization's; the stream goes back idle.
+template <typename F>
+absl::StatusOr<cudaError_t> OnPooledStream(StreamPool& streams, F op) {
+  ASSIGN_OR_RETURN(void* const s, streams.Acquire());
+  const auto stream = static_cast<cudaStream_t>(s);
+  cudaError_t err = op(stream);
+  const cudaError_t synced = cudaStreamSynchronize(stream);  // even after a failed op
+  if (err == cudaSuccess) err = synced;
+  streams.Release(s);
+  return err;
+}
+
 class DeviceStaging final : public core::Backend::Staging {
  public:
   // Made before anything is allocated (AllocateStaging): if making it
@@ -417,16 +437,17 @@ absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateSta
         absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
   }
   void* const p = staging->data();
-  // cudaMemset of device memory is asynchronous and runs on the legacy
-  // stream, which the ops' non-blocking streams do not wait for: without the
-  // synchronization the zero fill could land after the kernel wrote the
-  // output (issue 12 item 2; the pinned, stream-ordered staging is still to
-  // come).
-  cudaError_t set = cudaMemset(p, 0, bytes == 0 ? 1 : bytes);
-  if (set == cudaSuccess) set = cudaStreamSynchronize(cudaStreamLegacy);
+  // Zero-filled and synchronized before it is handed out: the ops' streams
+  // do not wait for this one (issue 12 item 2). On a pooled stream, not
+  // the legacy one (OnPooledStream).
+  const auto fill = [&](cudaStream_t s) {
+    return cudaMemsetAsync(p, 0, bytes == 0 ? 1 : bytes, s);
+  };
+  ASSIGN_OR_RETURN(const cudaError_t set, OnPooledStream(streams_, fill));
   if (set != cudaSuccess) {
-    NoteError(set, "cudaMemset of staging");
-    return WithFailure(kc::CudaError(set, "cudaMemset", __FILE__, __LINE__));
+    (void)cudaGetLastError();
+    NoteError(set, "cudaMemsetAsync of staging");
+    return WithFailure(kc::CudaError(set, "cudaMemsetAsync", __FILE__, __LINE__));
   }
   return staging;
 }
@@ -449,15 +470,18 @@ absl::Status CudaBackend::CopyToStaging(const Staging& dst, const void* src, uin
   RETURN_IF_ERROR(CheckUsable());
   cudaError_t err = cudaSetDevice(device_.ordinal);
   if (err == cudaSuccess && bytes > 0) {
-    // From pageable memory cudaMemcpy may return once the source is staged
-    // by the driver, before the DMA to the device lands; the op's
-    // non-blocking stream does not wait for the legacy stream: synchronize.
-    err = cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
+    // On a pooled stream, synchronized (OnPooledStream): from pageable
+    // memory the copy may return once the driver staged the source, before
+    // the DMA lands, and the op's stream does not wait for this one.
+    const auto copy = [&](cudaStream_t s) {
+      return cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, s);
+    };
+    ASSIGN_OR_RETURN(err, OnPooledStream(streams_, copy));
   }
   if (err != cudaSuccess) {
+    (void)cudaGetLastError();
     NoteError(err, "a copy to staging");
-    return WithFailure(kc::CudaError(err, "cudaMemcpy to staging", __FILE__, __LINE__));
+    return WithFailure(kc::CudaError(err, "cudaMemcpyAsync to staging", __FILE__, __LINE__));
   }
   return absl::OkStatus();
 }
@@ -471,11 +495,15 @@ absl::Status CudaBackend::CopyFromStaging(void* dst, const Staging& src, uint64_
   RETURN_IF_ERROR(CheckUsable());
   cudaError_t err = cudaSetDevice(device_.ordinal);
   if (err == cudaSuccess && bytes > 0) {
-    err = cudaMemcpy(dst, src.data(), bytes, cudaMemcpyDeviceToHost);
+    const auto copy = [&](cudaStream_t s) {
+      return cudaMemcpyAsync(dst, src.data(), bytes, cudaMemcpyDeviceToHost, s);
+    };
+    ASSIGN_OR_RETURN(err, OnPooledStream(streams_, copy));
   }
   if (err != cudaSuccess) {
+    (void)cudaGetLastError();
     NoteError(err, "a copy from staging");
-    return WithFailure(kc::CudaError(err, "cudaMemcpy from staging", __FILE__, __LINE__));
+    return WithFailure(kc::CudaError(err, "cudaMemcpyAsync from staging", __FILE__, __LINE__));
   }
   return absl::OkStatus();
 }

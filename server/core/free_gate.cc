@@ -67,9 +67,9 @@ FreeGate& FreeGate::ForDevice(int ordinal) {
                                                             : static_cast<size_t>(kMaxDevices);
   std::lock_guard<std::mutex> lock(made.mu);
   if (made.devices[slot] == nullptr) {
-    made.devices[slot] =
-        new FreeGate(&host, slot < kMaxDevices ? absl::StrCat("device ", ordinal)
-                                               : absl::StrCat("devices >= ", kMaxDevices));
+    made.devices[slot] = new FreeGate(
+        &host, slot < kMaxDevices ? absl::StrCat("device ", ordinal)
+                                  : absl::StrCat("the devices beyond ", kMaxDevices - 1));
   }
   return *made.devices[slot];
 }
@@ -103,7 +103,9 @@ size_t FreeGate::StopAll(absl::Duration bound) {
 bool FreeGate::Draining() const {
   if (!open()) return false;
   tokensel::MutexLock lock(&list_mu_);
-  return !Drained();
+  // Entries no drainer will run (stopped before, not started since) are
+  // not waited for.
+  return drainer_.joinable() && !Drained();
 }
 
 void FreeGate::Enter() {
