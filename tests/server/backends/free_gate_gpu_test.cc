@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/cuda_driver_entry.h"
 #include "tests/testing/gpu_device.h"
 
 namespace tokensel::testing {
@@ -90,17 +91,6 @@ int DeviceCount() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-template <typename Fn>
-Fn Entry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &p, 10020, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(p);
-}
-
 class FreeGateGpuTest : public ::testing::Test {
  protected:
   void SetUp() override { TOKENSEL_REQUIRE_GPU(); }
@@ -145,14 +135,14 @@ TEST_F(FreeGateGpuTest, RequestThreadCallsDoNotWaitBehindAStuckStreamOfTheirDevi
 
 TEST_F(FreeGateGpuTest, FreesOnOneDeviceDoNotWaitForAStuckStreamOnAnother) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  const auto create = Entry<PFN_cuMemCreate_v10020>("cuMemCreate");
+  const auto create = DriverEntry<PFN_cuMemCreate_v10020>("cuMemCreate");
   const auto granularity_of =
-      Entry<PFN_cuMemGetAllocationGranularity_v10020>("cuMemGetAllocationGranularity");
-  const auto reserve = Entry<PFN_cuMemAddressReserve_v10020>("cuMemAddressReserve");
-  const auto map = Entry<PFN_cuMemMap_v10020>("cuMemMap");
-  const auto unmap = Entry<PFN_cuMemUnmap_v10020>("cuMemUnmap");
-  const auto address_free = Entry<PFN_cuMemAddressFree_v10020>("cuMemAddressFree");
-  const auto release = Entry<PFN_cuMemRelease_v10020>("cuMemRelease");
+      DriverEntry<PFN_cuMemGetAllocationGranularity_v10020>("cuMemGetAllocationGranularity");
+  const auto reserve = DriverEntry<PFN_cuMemAddressReserve_v10020>("cuMemAddressReserve");
+  const auto map = DriverEntry<PFN_cuMemMap_v10020>("cuMemMap");
+  const auto unmap = DriverEntry<PFN_cuMemUnmap_v10020>("cuMemUnmap");
+  const auto address_free = DriverEntry<PFN_cuMemAddressFree_v10020>("cuMemAddressFree");
+  const auto release = DriverEntry<PFN_cuMemRelease_v10020>("cuMemRelease");
   ASSERT_TRUE(create && granularity_of && reserve && map && unmap && address_free && release);
 
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);

@@ -41,16 +41,9 @@ using FakeDriver = FakeCudaVmmDriver;
 class CudaVmmMapperTest : public ::testing::Test {
  protected:
   CudaVmmMapperTest() : mapper_(&driver_, Options()) {}
-  // The fake driver outlives every teardown queued on it.
-  ~CudaVmmMapperTest() override { Settle(); }
-
-  // Teardowns run on the gates' drainers, never on the thread that drops
-  // the region (server/core/free_gate.h): wait for them.
-  static void Settle() {
-    for (int d : {0, 1}) (void)core::FreeGate::ForDevice(d).AwaitDrained(absl::Seconds(10));
-  }
+  ~CudaVmmMapperTest() override { AwaitVmmTeardowns(); }  // the driver outlives them
   bool Clean() {
-    Settle();
+    AwaitVmmTeardowns();
     return driver_.Clean();
   }
 
@@ -445,20 +438,20 @@ TEST_F(CudaVmmMapperTest, MappedBytesAreCapped) {
                        "fd.allocation_size 8388608) would pass the server's cap of 10485760 "
                        "mapped VMM bytes (4194304 mapped now)"));
   EXPECT_THAT(driver_.calls, ::testing::Not(::testing::Contains("reserve")));
-  Settle();  // its imports' release, queued, before the driver is told to fail
+  AwaitVmmTeardowns();  // its imports' release, queued, before the driver is told to fail
   EXPECT_EQ(driver_.mapped.size(), 1u);
   // A failed map gives its bytes back.
   driver_.fail_at = FakeDriver::kSetAccess;
   EXPECT_THAT(mapper.Map(Allocation(8 * kMiB, 0, 0, 6 * kMiB, kGpu0)),
               StatusIs(StatusCode::kInternal));
-  Settle();
+  AwaitVmmTeardowns();
   driver_.fail_at = FakeDriver::kNone;
   auto b = mapper.Map(Allocation(8 * kMiB, 0, 0, 6 * kMiB, kGpu0));  // 4 + 6 = 10: at the cap
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_THAT(mapper.Map(Allocation(8 * kMiB, 0, 0, 1, kGpu0)),
               StatusIs(StatusCode::kResourceExhausted, "cap of 10485760"));
   a->reset();  // a destroyed region gives its bytes back (once its teardown ran)
-  Settle();
+  AwaitVmmTeardowns();
   EXPECT_TRUE(mapper.Map(Allocation(8 * kMiB, 0, 0, 1, kGpu0)).ok());
   b->reset();
   EXPECT_TRUE(Clean());
@@ -516,7 +509,7 @@ TEST_F(CudaVmmMapperTest, RegistryLeasesLimitsAndDoubleUnregister) {
   ASSERT_TRUE(registry.Register("s2", "a", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)).ok());
   EXPECT_THAT(registry.Register("s3", "a", Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)),
               StatusIs(StatusCode::kResourceExhausted, "max_buffers"));
-  Settle();
+  AwaitVmmTeardowns();
   EXPECT_EQ(driver_.mapped.size(), 3u);  // the refused ones mapped nothing
 
   absl::StatusOr<core::BufferLease> lease = registry.Acquire("s1", "a");
@@ -525,7 +518,7 @@ TEST_F(CudaVmmMapperTest, RegistryLeasesLimitsAndDoubleUnregister) {
   EXPECT_THAT(registry.Unregister("s1", "a"), StatusIs(StatusCode::kNotFound));
   EXPECT_EQ(driver_.mapped.size(), 3u);  // the op's lease keeps it mapped
   lease->reset();
-  Settle();
+  AwaitVmmTeardowns();
   EXPECT_EQ(driver_.mapped.size(), 2u);
   registry.UnregisterAll("s1");
   registry.UnregisterAll("s2");

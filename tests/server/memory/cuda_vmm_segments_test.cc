@@ -36,16 +36,9 @@ using FakeDriver = FakeCudaVmmDriver;
 class CudaVmmSegmentsTest : public ::testing::Test {
  protected:
   CudaVmmSegmentsTest() : mapper_(&driver_, Options()) {}
-  // The fake driver outlives every teardown queued on it.
-  ~CudaVmmSegmentsTest() override { Settle(); }
-
-  // Teardowns run on the gates' drainers, never on the thread that drops
-  // the region (server/core/free_gate.h): wait for them.
-  static void Settle() {
-    for (int d : {0, 1}) (void)core::FreeGate::ForDevice(d).AwaitDrained(absl::Seconds(10));
-  }
+  ~CudaVmmSegmentsTest() override { AwaitVmmTeardowns(); }  // the driver outlives them
   bool Clean() {
-    Settle();
+    AwaitVmmTeardowns();
     return driver_.Clean();
   }
 
@@ -193,7 +186,7 @@ TEST_F(CudaVmmSegmentsTest, AFailureAtSegmentKGivesBackExactlyWhatWasAcquired) {
   EXPECT_THAT(mapper_.Map(Spec(sizes, 0, 100 * kMiB)),
               StatusIs(StatusCode::kInvalidArgument,
                        "fd.segments[2]: the driver cannot import the descriptor"));
-  Settle();  // its teardown, queued, before the driver is changed
+  AwaitVmmTeardowns();  // its teardown, queued, before the driver is changed
   driver_.FailAt(FakeDriver::kNone);
   EXPECT_TRUE(Clean());
   EXPECT_EQ(driver_.bad_calls, 0);
@@ -309,7 +302,7 @@ TEST_F(CudaVmmSegmentsTest, TheCapCountsEverySegment) {
   auto b = mapper.Map(Spec({6 * kMiB, 4 * kMiB}, 0, kMiB));  // 50 of 50
   ASSERT_TRUE(b.ok()) << b.status();
   a->reset();  // gives back all 40 (once its teardown ran)
-  Settle();
+  AwaitVmmTeardowns();
   auto c = mapper.Map(Spec({20 * kMiB, 20 * kMiB}, 0, kMiB));
   ASSERT_TRUE(c.ok()) << c.status();
   a->reset();
