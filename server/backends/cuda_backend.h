@@ -101,6 +101,7 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   bool healthy() const override { return !failed_.load(std::memory_order_acquire); }
   int ordinal() const { return device_.ordinal; }
 
+  // The direct staging API (cuda_backend_staging.cc).
   // Device memory (cudaMalloc, zero-filled); RESOURCE_EXHAUSTED when the
   // allocation fails, or when the device's FreeGate is past its room or
   // its max_deferred_bytes (free_gate.h). Copies return once done (on a
