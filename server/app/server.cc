@@ -15,6 +15,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/backends/make_backend.h"
+#include "server/core/free_gate.h"
 #include "server/core/server_description.h"
 #include "server/grpc/handlers.h"
 #include "server/grpc/listeners.h"
@@ -70,6 +71,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 Server::Server(ServerOptions options) : options_(std::move(options)) {}
 
 Server::~Server() { Shutdown(); }
+
+Server::StopFreeGates::~StopFreeGates() {
+  // Every member that queues teardowns is gone (or leaked with stuck work):
+  // what can run within the bound runs, the rest is leaked on purpose,
+  // counted and logged (server/core/free_gate.h).
+  (void)core::FreeGate::StopAll();
+}
 
 absl::Status Server::Init() {
   if (options_.max_inflight == 0) return absl::InvalidArgumentError("max_inflight must be > 0");

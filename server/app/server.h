@@ -157,6 +157,15 @@ class Server {
   void LeakStuckWork();
 
   const ServerOptions options_;
+  // Destroyed last, after the backend and the mappers (and whatever their
+  // teardowns queued): stops and joins the FreeGates' drainers, so that
+  // none is inside a close while cudart tears down (server.cc).
+  struct StopFreeGates {
+    StopFreeGates() = default;
+    ~StopFreeGates();
+    StopFreeGates(const StopFreeGates&) = delete;
+    StopFreeGates& operator=(const StopFreeGates&) = delete;
+  } stop_free_gates_;
   std::unique_ptr<core::Backend> backend_;
   std::unique_ptr<core::RegionMapper> host_memory_;
   std::unique_ptr<core::RegionMapper> cuda_ipc_;

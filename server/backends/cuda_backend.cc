@@ -29,28 +29,6 @@ constexpr size_t kWorkspaceGranule = size_t{1} << 20;  // round allocations up t
 
 constexpr size_t kStagingGranule = size_t{4} << 10;  // staging blocks: 4 KiB (a page)
 
-// Runs `free` (a cudaError_t(), named `call`) with device `ordinal`
-// current: the pools' trims, the FreeGate's drainer and a backend's
-// shutdown run these on any thread. The switch is checked (a failed
-// cudaSetDevice would free with another device current: then nothing is
-// freed, leaked and logged) and the caller's device restored only if it
-// had one (server/core/device_switch.h: never GPU 0's context made by a "restore");
-// a failed free is logged.
-template <typename F>
-void FreeOnDevice(int ordinal, const char* call, F free) {
-  const DeviceCall done = OnOwnDevice(ordinal, free);
-  if (!done.switched) {
-    TS_LOG(ERROR) << "cuda backend: cudaSetDevice(" << ordinal << ") failed before " << call
-                  << "; not freed (leaked)";
-    return;
-  }
-  if (const auto err = static_cast<cudaError_t>(done.result); err != cudaSuccess) {
-    (void)cudaGetLastError();
-    TS_LOG(ERROR) << "cuda backend: " << call << " on device " << ordinal << ": "
-                  << cudaGetErrorString(err);
-  }
-}
-
 // The BlockPool free function of device memory on `ordinal`. Pools free
 // idle blocks only (their request's stream was synchronized); cudaFree may
 // synchronize the device, which is why it happens only beyond a pool's cap.
@@ -58,20 +36,15 @@ BlockPool::FreeFn FreeDevice(int ordinal) {
   return [ordinal](void* p) { FreeOnDevice(ordinal, "cudaFree", [p] { return cudaFree(p); }); };
 }
 
-// Pinned staging: allocated with the device current (cudaHostAllocDefault:
-// not portable, the memory belongs to that device's context), freed with it
-// current; so it passes that device's FreeGate (free_gate.h).
+// Pinned staging: allocated and freed with the device current. With unified
+// addressing the memory is portable all the same (mapped into every
+// context) and cudaFreeHost may synchronize any context: so the pinned pool
+// passes the HOST gate (FreeGate::ForHost), open only while every device's
+// gate is (free_gate.h), not this device's alone.
 BlockPool::FreeFn FreePinned(int ordinal) {
   return [ordinal](void* p) {
     FreeOnDevice(ordinal, "cudaFreeHost", [p] { return cudaFreeHost(p); });
   };
-}
-
-// A FreeGate::Deferred function (the direct staging API's cudaFree): the
-// argument is the device's ordinal. Always gone afterwards (its room back).
-bool CudaFreeOn(void* p, intptr_t ordinal) {
-  FreeOnDevice(static_cast<int>(ordinal), "cudaFree", [p] { return cudaFree(p); });
-  return true;
 }
 
 // The StreamPool's destroy function. Not deferred: cudaStreamDestroy returns
@@ -80,27 +53,6 @@ void DestroyStreamOn(void* s, intptr_t ordinal) {
   FreeOnDevice(static_cast<int>(ordinal), "cudaStreamDestroy",
                [s] { return cudaStreamDestroy(static_cast<cudaStream_t>(s)); });
 }
-
-class DeviceStaging final : public core::Backend::Staging {
- public:
-  // `gate` holds a reservation for this staging's free (AllocateStaging).
-  DeviceStaging(int ordinal, void* data, uint64_t size, FreeGate* gate)
-      : ordinal_(ordinal), data_(data), size_(size), gate_(gate) {}
-  // cudaFree may synchronize the device: through the device's gate
-  // (deferred while a stream of it waits on a client's event, free_gate.h).
-  ~DeviceStaging() override { gate_->FreeOrDefer({&CudaFreeOn, data_, ordinal_, size_}); }
-  DeviceStaging(const DeviceStaging&) = delete;
-  DeviceStaging& operator=(const DeviceStaging&) = delete;
-  void* data() const override { return data_; }
-  uint64_t size() const override { return size_; }
-  int ordinal() const { return ordinal_; }
-
- private:
-  int ordinal_;
-  void* data_;
-  uint64_t size_;
-  FreeGate* gate_;
-};
 
 }  // namespace
 
@@ -147,10 +99,11 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
           "cuda backend: device staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocateDevice(bytes, "staging"); },
           FreeDevice(device_.ordinal), &free_gate_),
+      // The host gate: pinned memory is not per device (FreePinned).
       pinned_(
           "cuda backend: pinned host staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocatePinned(bytes); }, FreePinned(device_.ordinal),
-          &free_gate_),
+          &FreeGate::ForHost()),
       completions_(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_}),
       events_(this) {}
 
@@ -373,90 +326,6 @@ uint64_t CudaBackend::OpScratchBytes(core::OpArgs args) const {
         return kernels::Validate(*a).ok() ? workspaces_.AllocationBytes(kc::WorkspaceBytes(*a)) : 0;
       },
       args);
-}
-
-absl::StatusOr<std::unique_ptr<core::Backend::Staging>> CudaBackend::AllocateStaging(
-    uint64_t bytes) {
-  RETURN_IF_ERROR(CheckUsable());
-  if (const cudaError_t err = cudaSetDevice(device_.ordinal); err != cudaSuccess) {
-    NoteError(err, "cudaSetDevice");
-    return WithFailure(kc::CudaError(err, "cudaSetDevice", __FILE__, __LINE__));
-  }
-  // Room for its free to be deferred (free_gate.h), before anything is made.
-  RETURN_IF_ERROR(free_gate_.Reserve("cuda backend: staging"));
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
-  if (err != cudaSuccess) {
-    free_gate_.Unreserve();
-    (void)cudaGetLastError();
-    if (NoteError(err, "cudaMalloc of staging")) {
-      return WithFailure(kc::CudaError(err, "cudaMalloc", __FILE__, __LINE__));
-    }
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cuda backend: staging of ", bytes, " bytes: ", cudaGetErrorString(err)));
-  }
-  auto staging = std::make_unique<DeviceStaging>(device_.ordinal, p, bytes, &free_gate_);
-  // cudaMemset of device memory is asynchronous and runs on the legacy
-  // stream, which the ops' non-blocking streams do not wait for: without the
-  // synchronization the zero fill could land after the kernel wrote the
-  // output (issue 12 item 2; the pinned, stream-ordered staging is still to
-  // come).
-  cudaError_t set = cudaMemset(p, 0, bytes == 0 ? 1 : bytes);
-  if (set == cudaSuccess) set = cudaStreamSynchronize(cudaStreamLegacy);
-  if (set != cudaSuccess) {
-    NoteError(set, "cudaMemset of staging");
-    return WithFailure(kc::CudaError(set, "cudaMemset", __FILE__, __LINE__));
-  }
-  return staging;
-}
-
-absl::Status CudaBackend::CheckOwn(const Staging& staging) const {
-  const auto* own = dynamic_cast<const DeviceStaging*>(&staging);
-  if (own == nullptr || own->ordinal() != device_.ordinal) {
-    return absl::InternalError(
-        absl::StrCat("cuda backend: staging of another device used on ", device_label()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) {
-  if (bytes > dst.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda backend: copy of ", bytes, " bytes into staging of ", dst.size()));
-  }
-  RETURN_IF_ERROR(CheckOwn(dst));
-  RETURN_IF_ERROR(CheckUsable());
-  cudaError_t err = cudaSetDevice(device_.ordinal);
-  if (err == cudaSuccess && bytes > 0) {
-    // From pageable memory cudaMemcpy may return once the source is staged
-    // by the driver, before the DMA to the device lands; the op's
-    // non-blocking stream does not wait for the legacy stream: synchronize.
-    err = cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
-  }
-  if (err != cudaSuccess) {
-    NoteError(err, "a copy to staging");
-    return WithFailure(kc::CudaError(err, "cudaMemcpy to staging", __FILE__, __LINE__));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CopyFromStaging(void* dst, const Staging& src, uint64_t bytes) {
-  if (bytes > src.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda backend: copy of ", bytes, " bytes from staging of ", src.size()));
-  }
-  RETURN_IF_ERROR(CheckOwn(src));
-  RETURN_IF_ERROR(CheckUsable());
-  cudaError_t err = cudaSetDevice(device_.ordinal);
-  if (err == cudaSuccess && bytes > 0) {
-    err = cudaMemcpy(dst, src.data(), bytes, cudaMemcpyDeviceToHost);
-  }
-  if (err != cudaSuccess) {
-    NoteError(err, "a copy from staging");
-    return WithFailure(kc::CudaError(err, "cudaMemcpy from staging", __FILE__, __LINE__));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<core::Backend>> MakeCudaBackend(absl::string_view device_uuid) {

@@ -26,8 +26,10 @@
 //    budget: AttachMemoryBudget).
 // Blocks in use and cached thus stay below twice the bytes reserved by the
 // requests in flight plus the caps. The direct staging API (AllocateStaging,
-// Copy*: tests, tools) is separate: a cudaMalloc per call and synchronous
-// copies on the legacy stream followed by its synchronization.
+// Copy*: tests, tools) is separate: a cudaMalloc per call (its free through
+// the device's FreeGate) and copies on a pooled non-blocking stream, then
+// synchronized (never the legacy stream: docs/gpu.md, "Calls on request
+// threads").
 // Every CUDA call is checked (INTERNAL with the CUDA error text).
 //
 // One device per backend: MakeBackend builds one per visible device under a
@@ -99,8 +101,11 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   bool healthy() const override { return !failed_.load(std::memory_order_acquire); }
   int ordinal() const { return device_.ordinal; }
 
+  // The direct staging API (cuda_backend_staging.cc).
   // Device memory (cudaMalloc, zero-filled); RESOURCE_EXHAUSTED when the
-  // allocation fails. Copies are synchronous; INVALID_ARGUMENT when `bytes`
+  // allocation fails, or when the device's FreeGate is past its room or
+  // its max_deferred_bytes (free_gate.h). Copies return once done (on a
+  // pooled stream, synchronized); INVALID_ARGUMENT when `bytes`
   // exceeds the staging size.
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override;
   absl::Status CopyToStaging(const Staging& dst, const void* src, uint64_t bytes) override;

@@ -51,4 +51,17 @@ void RuntimeDeviceSwitch::RestoreFailed(int device) {
                 << "device call failed";
 }
 
+void ReportFree(int ordinal, const char* call, const DeviceCall& done) {
+  if (!done.switched) {
+    TS_LOG(ERROR) << "cuda backend: cudaSetDevice(" << ordinal << ") failed before " << call
+                  << "; not freed (leaked)";
+    return;
+  }
+  if (const auto err = static_cast<cudaError_t>(done.result); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TS_LOG(ERROR) << "cuda backend: " << call << " on device " << ordinal << ": "
+                  << cudaGetErrorString(err);
+  }
+}
+
 }  // namespace tokensel::backends

@@ -3,7 +3,8 @@
 // cudaSetDevice), and
 // OnOwnDevice, the checked call every CudaBackend path that may run on a
 // foreign thread uses: the event calls (cuda_backend_events.cc) and the
-// deferred frees (cuda_backend.cc), which the FreeGate's drainer runs.
+// frees (FreeOnDevice: cuda_backend.cc, cuda_backend_staging.cc), which the
+// pools' trims and the FreeGate's drainer run.
 // Without cuCtxGetCurrent the caller is taken to have no context: nothing
 // is restored (never GPU 0's context created by a "restore"). No CUDA
 // header here; the implementation is cuda_device_switch.cc (CUDA builds).
@@ -32,6 +33,22 @@ template <typename F>
 DeviceCall OnOwnDevice(int ordinal, F f) {
   RuntimeDeviceSwitch ops;
   return OnDeviceChecked(ops, ordinal, f);
+}
+
+// Logs what a free run through OnOwnDevice came to (`call` names it): a
+// failed switch (nothing freed: leaked) or the free's own error.
+void ReportFree(int ordinal, const char* call, const DeviceCall& done);
+
+// Runs `free` (a cudaError_t(), named `call`) with device `ordinal`
+// current: the pools' trims, the FreeGate's drainer and a backend's
+// shutdown run these on any thread. The switch is checked (a failed
+// cudaSetDevice would free with another device current: then nothing is
+// freed, leaked and logged) and the caller's device restored only if it
+// had one (never GPU 0's context made by a "restore"); a failed free is
+// logged (ReportFree).
+template <typename F>
+void FreeOnDevice(int ordinal, const char* call, F free) {
+  ReportFree(ordinal, call, OnOwnDevice(ordinal, free));
 }
 
 }  // namespace tokensel::backends

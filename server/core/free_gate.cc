@@ -9,33 +9,109 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace tokensel::core {
 
-FreeGate::~FreeGate() {
+namespace {
+
+// The gates ForDevice and ForHost made: never destroyed (free_gate.h).
+struct MadeGates {
+  std::mutex mu;
+  std::array<FreeGate*, FreeGate::kMaxDevices + 1> devices{};
+  FreeGate* host = nullptr;
+};
+
+MadeGates& Made() {
+  static auto* const made = new MadeGates();
+  return *made;
+}
+
+}  // namespace
+
+FreeGate::FreeGate(FreeGate* host, std::string name) : host_(host), name_(std::move(name)) {}
+
+FreeGate::~FreeGate() { (void)Stop(/*leak=*/false); }
+
+size_t FreeGate::Stop(bool leak) {
   std::thread drainer;
   {
     tokensel::MutexLock lock(&list_mu_);
     stop_ = true;
+    // What is left stays in the list, reachable: leaked to the exit (the
+    // entries queued once stopped count as they come, FreeOrDefer).
+    if (leak && !stopped_) leaked_ += static_cast<int64_t>(deferred_.size());
+    if (leak) stopped_ = true;
     drainer = std::move(drainer_);
   }
+  // The drainer ends after the free it runs (if any): bounded device work.
   if (drainer.joinable()) drainer.join();
+  tokensel::MutexLock lock(&list_mu_);
+  return deferred_.size();
+}
+
+FreeGate& FreeGate::ForHost() {
+  MadeGates& made = Made();
+  std::lock_guard<std::mutex> lock(made.mu);
+  if (made.host == nullptr) made.host = new FreeGate(nullptr, "the host (pinned memory)");
+  return *made.host;
 }
 
 FreeGate& FreeGate::ForDevice(int ordinal) {
   // One per ordinal, the last slot shared by the ordinals beyond: never
   // destroyed (free_gate.h).
-  static std::mutex made_mu;
-  static std::array<FreeGate*, kMaxDevices + 1> gates{};
+  FreeGate& host = ForHost();
+  MadeGates& made = Made();
   const size_t slot = ordinal >= 0 && ordinal < kMaxDevices ? static_cast<size_t>(ordinal)
                                                             : static_cast<size_t>(kMaxDevices);
-  std::lock_guard<std::mutex> lock(made_mu);
-  if (gates[slot] == nullptr) gates[slot] = new FreeGate();
-  return *gates[slot];
+  std::lock_guard<std::mutex> lock(made.mu);
+  if (made.devices[slot] == nullptr) {
+    made.devices[slot] = new FreeGate(
+        &host, slot < kMaxDevices ? absl::StrCat("device ", ordinal)
+                                  : absl::StrCat("the devices beyond ", kMaxDevices - 1));
+  }
+  return *made.devices[slot];
+}
+
+size_t FreeGate::StopAll(absl::Duration bound) {
+  std::vector<FreeGate*> gates;
+  {
+    MadeGates& made = Made();
+    std::lock_guard<std::mutex> lock(made.mu);
+    for (FreeGate* g : made.devices) {
+      if (g != nullptr) gates.push_back(g);
+    }
+    if (made.host != nullptr) gates.push_back(made.host);
+  }
+  // What can run within the bound: entries of open gates (a closed gate's
+  // wait is stuck work leaked at shutdown; it would not open).
+  const absl::Time deadline = absl::Now() + bound;
+  for (FreeGate* g : gates) {
+    while (g->Draining() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  }
+  size_t left = 0;
+  for (FreeGate* g : gates) left += g->Stop(/*leak=*/true);
+  if (left > 0) {
+    TS_LOG(WARNING) << "free gate: " << left
+                    << " deferred teardown(s) left to the process's exit (their gates stayed "
+                       "closed or the bound passed)";
+  }
+  return left;
+}
+
+bool FreeGate::Draining() const {
+  if (!open()) return false;
+  tokensel::MutexLock lock(&list_mu_);
+  // Entries no drainer will run (stopped before, not started since) are
+  // not waited for.
+  return drainer_.joinable() && !Drained();
 }
 
 void FreeGate::Enter() {
+  // The host gate first: it is closed whenever a device gate is (a pinned
+  // free running now ends before this wait is registered).
+  if (host_ != nullptr) host_->Enter();
   tokensel::MutexLock lock(&mu_);
   ++waits_;
 }
@@ -48,6 +124,7 @@ void FreeGate::Leave() {
   }
   // The drainer runs the deferred frees, not this thread (free_gate.h).
   if (opened) Wake();
+  if (host_ != nullptr) host_->Leave();
 }
 
 bool FreeGate::BeginFree() {
@@ -75,9 +152,16 @@ bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
 
 absl::Status FreeGate::Reserve(absl::string_view what) {
   tokensel::MutexLock lock(&list_mu_);
+  if (deferred_bytes_ > max_deferred_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", name_, " has ", deferred_bytes_,
+        " bytes waiting for their deferred teardown, more than the limit of ", max_deferred_bytes_,
+        " (FreeGate max_deferred_bytes; teardowns wait while a stream of the device waits on a "
+        "client's wait_event); retry once they ran"));
+  }
   if (reserved_ >= kMaxPending) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": this device has ", reserved_,
+        what, ": ", name_, " has ", reserved_,
         " mappings or allocations live or waiting for their deferred teardown, the limit "
         "(FreeGate::kMaxPending; teardowns wait while a stream of the device waits on a "
         "client's wait_event); retry once they ran"));
@@ -87,7 +171,14 @@ absl::Status FreeGate::Reserve(absl::string_view what) {
     if (deferred_.capacity() < reserved_ + 1) {
       deferred_.reserve(std::min(kMaxPending, std::max<size_t>(16, 2 * (reserved_ + 1))));
     }
-    if (!drainer_.joinable()) drainer_ = std::thread([this] { DrainLoop(); });
+    if (!drainer_.joinable()) {
+      // After StopAll (a new server in this process): running again; what
+      // was left runs once the gate is open.
+      stop_ = false;
+      stopped_ = false;
+      wake_ = !deferred_.empty();
+      drainer_ = std::thread([this] { DrainLoop(); });
+    }
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, ": out of host memory for the deferred-free list"));
@@ -110,11 +201,8 @@ void FreeGate::Run(const Deferred& free) noexcept {
 
 void FreeGate::FreeOrDefer(Deferred free) noexcept {
   if (free.run == nullptr) return;
-  if (BeginFree()) {
-    Run(free);
-    EndFree();
-    return;
-  }
+  // Never run here, even while the gate is open: this thread may be the
+  // completion thread or hold a lock (free_gate.h). Queued for the drainer.
   bool dropped = false;
   {
     tokensel::MutexLock lock(&list_mu_);
@@ -125,9 +213,11 @@ void FreeGate::FreeOrDefer(Deferred free) noexcept {
     } else {
       deferred_.push_back(free);
       deferred_bytes_ += free.bytes;
-      // The gate may have opened between the check and the push: the
-      // drainer looks again (it waits for wake_ with a non-empty list).
-      wake_ = true;
+      if (stopped_) {
+        ++leaked_;  // after StopAll: kept (reachable), never run
+      } else {
+        wake_ = true;  // the drainer runs it once the gate is open
+      }
     }
   }
   if (dropped) {
@@ -136,7 +226,9 @@ void FreeGate::FreeOrDefer(Deferred free) noexcept {
   }
 }
 
-size_t FreeGate::DrainIfOpen() noexcept {
+size_t FreeGate::DrainIfOpen() noexcept { return Drain(/*drainer=*/false); }
+
+size_t FreeGate::Drain(bool drainer) noexcept {
   while (true) {
     // One at a time, each holding the gate: a wait queued meanwhile stops
     // the drain (the rest stays for the next opening).
@@ -144,9 +236,9 @@ size_t FreeGate::DrainIfOpen() noexcept {
     Deferred next;
     {
       tokensel::MutexLock lock(&list_mu_);
-      if (deferred_.empty()) {
+      if (deferred_.empty() || (drainer && stop_)) {
         EndFree();
-        return 0;
+        return deferred_.size();
       }
       next = deferred_.back();
       deferred_.pop_back();
@@ -173,7 +265,7 @@ void FreeGate::DrainLoop() {
       if (stop_) return;
       wake_ = false;
     }
-    (void)DrainIfOpen();
+    (void)Drain(/*drainer=*/true);
   }
 }
 
@@ -202,6 +294,18 @@ int64_t FreeGate::dropped() const {
 int64_t FreeGate::ran_deferred() const {
   tokensel::MutexLock lock(&list_mu_);
   return ran_;
+}
+int64_t FreeGate::leaked() const {
+  tokensel::MutexLock lock(&list_mu_);
+  return leaked_;
+}
+uint64_t FreeGate::max_deferred_bytes() const {
+  tokensel::MutexLock lock(&list_mu_);
+  return max_deferred_bytes_;
+}
+void FreeGate::set_max_deferred_bytes(uint64_t bytes) {
+  tokensel::MutexLock lock(&list_mu_);
+  max_deferred_bytes_ = bytes;
 }
 
 }  // namespace tokensel::core

@@ -12,28 +12,49 @@
 //  - BlockPools (server/backends/block_pool.h) do not trim: their idle
 //    blocks stay (beyond the cap, charged to the MemoryBudget: block_pool.h);
 //  - every other synchronizing free or teardown goes through FreeOrDefer:
-//    run at once while the gate is open (holding it, so that no wait is
-//    queued while it runs), else put on the deferred list.
+//    queued for the gate's drainer, which runs it while the gate is open
+//    (holding it, so that no wait is queued while it runs).
 // cudaStreamDestroy does not pass the gate: it returns at once with work
 // pending (the runtime releases the stream when its work completes).
 //
 // One gate per device (ForDevice(ordinal): made on first use, never
 // destroyed, so a deferred free never runs after its gate is gone): a stuck
-// client wait on device k closes k's gate only; frees on device j go on.
-// Pinned host memory (cudaHostAlloc, not portable) belongs to the context it
-// was allocated in and is freed with that device current: its device's gate.
-// Tests make their own gates.
+// client wait on device k closes k's gate only; device frees on device j go
+// on.
 //
-// Who drains the deferred list: the gate's drainer thread (started by the
-// first Reserve), woken when the gate opens (Leave) or an entry is deferred.
-// Never a request thread, nor the thread that Leaves (a backend's completion
-// thread: its other items must not wait behind other clients' frees), nor
-// the caller of FreeOrDefer (which may hold a mapper's lock); DrainIfOpen
-// drains on the calling thread (a backend's shutdown, tests). A free runs
-// only while the gate is open (each holding it), so it waits for bounded
-// device work; a wait entered meanwhile stops the drain. If stuck work was
-// leaked at shutdown the gate never opens and the process exits with the
-// deferred frees not run (the OS takes the memory back).
+// Pinned host memory is not per device: with unified addressing (every
+// 64-bit platform CUDA supports) cudaHostAlloc memory is portable, mapped
+// into every context, and cudaFreeHost may synchronize any of them (the
+// runtime documents no bound). So pinned frees pass the HOST gate
+// (ForHost()), which every ForDevice gate enters and leaves with itself: it
+// is closed while any device gate is closed, and its deferred entries (and
+// the pinned pool's trims, block_pool.h) run only when every device's gate
+// is open. A stuck wait on one device thus holds every device's pinned
+// frees (their pools keep the blocks, charged to the MemoryBudget beyond
+// their caps): the price of not guessing what cudaFreeHost synchronizes.
+// Tests make their own gates (no host gate above them).
+//
+// Who runs a free: always the gate's drainer thread (started by the first
+// Reserve), woken when an entry is queued or the gate opens (Leave). Never
+// the caller of FreeOrDefer, even while the gate is open: that caller may
+// be a request thread, a thread holding a mapper's lock, or the completion
+// thread (the last ~IpcRegion / ~VmmRegion is dropped by
+// CompletionQueue::Release), whose other items must not wait behind a
+// close that queues behind the device's kernels. Nor the thread that
+// Leaves. A caller that needs its free done before it goes on must say so
+// and wait (AwaitDrained); none does. DrainIfOpen drains on the calling
+// thread (a backend's shutdown, tests). A free runs only while the gate is
+// open (each holding it), so it waits for bounded device work; a wait
+// entered meanwhile stops the drain.
+//
+// Exit: StopAll() (Server's destruction, after the backend and the mappers
+// are gone) lets the drainers run what can run within a bound, then stops
+// and joins every drainer, so that none is inside a close while cudart
+// tears down. A FreeOrDefer after that (or an entry left behind a gate
+// that never opened: stuck work leaked at shutdown) is leaked on purpose:
+// kept in the gate's list (reachable), counted in leaked(); the OS takes
+// the memory back. A later Reserve (a new server in the same process:
+// tests) starts the drainer again.
 //
 // Bounded by construction: whoever makes a resource whose teardown may be
 // deferred first Reserve()s room for its deferral (a mapping opened, a
@@ -47,12 +68,18 @@
 // nothing and never throws: it is called on release paths (destructors).
 // A FreeOrDefer without room (a caller bug) is dropped (counted, logged),
 // never run now, which could block for ever.
+// Bytes, too: teardowns queued behind a stuck wait keep memory alive (IPC
+// mappings, VMM mappings and staging keep other tenants' allocations
+// mapped). Past max_deferred_bytes() of queued teardowns (counted when
+// queued: Deferred::bytes) Reserve refuses new resources on this gate's
+// device with RESOURCE_EXHAUSTED naming the limit and the device.
 // Thread-safe.
 #ifndef TOKENSEL_SERVER_CORE_FREE_GATE_H_
 #define TOKENSEL_SERVER_CORE_FREE_GATE_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -83,14 +110,25 @@ class FreeGate {
   static constexpr size_t kMaxPending = size_t{1} << 17;
   // ForDevice keeps one gate per ordinal below this; the others share one.
   static constexpr int kMaxDevices = 64;
+  // Default of max_deferred_bytes (per gate, so per device).
+  static constexpr uint64_t kDefaultMaxDeferredBytes = uint64_t{8} << 30;
+  // StopAll's bound for the drainers to run what can run.
+  static constexpr absl::Duration kStopBound = absl::Seconds(2);
 
   FreeGate() = default;
   ~FreeGate();  // stops the drainer; deferred frees not run are dropped
   FreeGate(const FreeGate&) = delete;
   FreeGate& operator=(const FreeGate&) = delete;
   // The gate of device `ordinal` (made on first use, never destroyed; may
-  // throw std::bad_alloc when made).
+  // throw std::bad_alloc when made). Entering it enters ForHost() too.
   static FreeGate& ForDevice(int ordinal);
+  // The gate of pinned host memory: closed while any ForDevice gate is.
+  static FreeGate& ForHost();
+  // Exit (see above): waits at most `bound` while some made gate is open
+  // with entries queued or running, then stops and joins every made gate's
+  // drainer. Returns how many entries are left (leaked). Gates a test made
+  // itself are not touched.
+  static size_t StopAll(absl::Duration bound = kStopBound);
 
   // A stream of the device is about to wait on a client's event.
   void Enter();
@@ -109,8 +147,8 @@ class FreeGate {
   absl::Status Reserve(absl::string_view what);
   // Gives back room whose resource went without a FreeOrDefer.
   void Unreserve() noexcept;
-  // Runs `free` now while the gate is open, else defers it into the
-  // caller's reserved room (see above).
+  // Queues `free` into the caller's reserved room for the drainer, which
+  // runs it once the gate is open (see above); never runs it here.
   void FreeOrDefer(Deferred free) noexcept;
   // Runs the deferred frees while the gate is open, on this thread
   // (shutdown); returns how many are left (the gate closed meanwhile, or
@@ -127,8 +165,20 @@ class FreeGate {
   size_t reserved() const;
   int64_t dropped() const;
   int64_t ran_deferred() const;
+  // Entries left to the process's exit (after StopAll, see above).
+  int64_t leaked() const;
+  uint64_t max_deferred_bytes() const;
+  void set_max_deferred_bytes(uint64_t bytes);
 
  private:
+  FreeGate(FreeGate* host, std::string name);
+  // Stops and joins the drainer (StopAll, the destructor); `leak`: later
+  // entries are kept and counted, not run.
+  size_t Stop(bool leak);
+  // Whether entries are queued or running while the gate is open (StopAll
+  // waits for those).
+  bool Draining() const;
+  size_t Drain(bool drainer) noexcept;
   void DrainLoop();
   // Runs `free`; gives its room back if it says so.
   void Run(const Deferred& free) noexcept;
@@ -138,6 +188,8 @@ class FreeGate {
 
   // tokensel::Mutex, not absl::Mutex: ThreadSanitizer sees its ordering
   // (common/mutex.h); the gate is shared by the server's threads.
+  FreeGate* const host_ = nullptr;        // ForDevice gates: ForHost()
+  const std::string name_ = "this gate";  // in messages: "device 3"
   mutable tokensel::Mutex mu_;
   int waits_ ABSL_GUARDED_BY(mu_) = 0;
   mutable tokensel::Mutex list_mu_;  // after mu_ (a free runs holding neither)
@@ -147,8 +199,11 @@ class FreeGate {
   int running_ ABSL_GUARDED_BY(list_mu_) = 0;  // popped, not finished
   int64_t dropped_ ABSL_GUARDED_BY(list_mu_) = 0;
   int64_t ran_ ABSL_GUARDED_BY(list_mu_) = 0;
+  int64_t leaked_ ABSL_GUARDED_BY(list_mu_) = 0;
+  uint64_t max_deferred_bytes_ ABSL_GUARDED_BY(list_mu_) = kDefaultMaxDeferredBytes;
   bool wake_ ABSL_GUARDED_BY(list_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(list_mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(list_mu_) = false;  // StopAll: leak, don't queue
   std::thread drainer_ ABSL_GUARDED_BY(list_mu_);
 };
 

@@ -49,53 +49,50 @@ bool UndoLater(void* m, intptr_t /*unused*/) {
 
 // The one way a mapping is torn down, a region's or a failed Map's:
 // cuMemUnmap / cuMemAddressFree / cuMemRelease may synchronize the device,
-// so through the device's FreeGate (server/core/free_gate.h): run now
-// while the gate is open, deferred while a stream of that device waits on
+// so through the device's FreeGate (server/core/free_gate.h): queued for
+// the gate's drainer, which runs it while no stream of that device waits on
 // a client's event (its bytes stay counted against max_mapped_bytes until
-// then). `gate` holds a reservation for it, which the entry consumes.
-// Should the copy fail to allocate, the mapping is undone now.
-void UndoThroughGate(VmmMapping&& m, core::FreeGate& gate) {
-  std::unique_ptr<VmmMapping> later(new (std::nothrow) VmmMapping());
-  if (later == nullptr) {
-    m.Undo();
-    gate.Unreserve();
-    return;
-  }
-  *later = std::move(m);
-  const uint64_t bytes = later->counted_bytes;
+// then). `gate` holds a reservation for it, which the entry consumes. The
+// mapping was allocated when its Map began, so this allocates nothing: no
+// out-of-memory path can undo it here, on this thread, past a closed gate.
+void UndoThroughGate(std::unique_ptr<VmmMapping> m, core::FreeGate& gate) noexcept {
+  const uint64_t bytes = m->counted_bytes;
   // Owned by the entry from here: UndoLater deletes it.
-  gate.FreeOrDefer({&UndoLater, later.release(), 0, bytes});
+  gate.FreeOrDefer({&UndoLater, m.release(), 0, bytes});
 }  // NOLINT(clang-analyzer-cplusplus.NewDeleteLeaks): the entry owns it
 
-// A Map in progress: on any failure its partial mapping (imports, the
-// reservation, the mapped segments) goes through UndoThroughGate, never
-// torn down inline on the request thread behind a client's wait.
+// A Map in progress, owning its mapping: on any failure its partial mapping
+// (imports, the reservation, the mapped segments) goes through
+// UndoThroughGate, never torn down inline on the request thread behind a
+// client's wait.
 class PendingMapping {
  public:
-  PendingMapping(VmmMapping* m, core::FreeGate* gate) : m_(m), gate_(gate) {}
+  PendingMapping(std::unique_ptr<VmmMapping> m, core::FreeGate* gate)
+      : m_(std::move(m)), gate_(gate) {}
   ~PendingMapping() {
-    if (m_ != nullptr) UndoThroughGate(std::move(*m_), *gate_);
+    if (m_ != nullptr) UndoThroughGate(std::move(m_), *gate_);
   }
-  void Dismiss() { m_ = nullptr; }  // a region holds the mapping and the room
+  VmmMapping& mapping() { return *m_; }
+  // To the region, which undoes the mapping from now on and holds the room.
+  std::unique_ptr<VmmMapping> Release() noexcept { return std::move(m_); }
   PendingMapping(const PendingMapping&) = delete;
   PendingMapping& operator=(const PendingMapping&) = delete;
 
  private:
-  VmmMapping* m_;
+  std::unique_ptr<VmmMapping> m_;
   core::FreeGate* gate_;
 };
 
 class VmmRegion final : public core::MappedRegion {
  public:
   // `gate`: the FreeGate of the mapping's device, holding a reservation
-  // for its teardown (Map).
-  VmmRegion(VmmMapping mapping, uint64_t offset, uint64_t size, std::string uuid,
+  // for its teardown (Map). Takes the pending mapping last, once nothing
+  // can throw: until then the PendingMapping tears it down.
+  VmmRegion(PendingMapping* pending, uint64_t offset, uint64_t size, std::string uuid,
             core::FreeGate* gate)
-      : mapping_(std::move(mapping)),
-        offset_(offset),
-        size_(size),
-        uuid_(std::move(uuid)),
-        gate_(gate) {}
+      : offset_(offset), size_(size), uuid_(std::move(uuid)), gate_(gate) {
+    mapping_ = pending->Release();
+  }
   // Through the device's FreeGate (UndoThroughGate; a stuck wait on another
   // device does not hold it back). Its bytes stay counted against
   // max_mapped_bytes until then, and its reservation of the gate's room too
@@ -108,14 +105,14 @@ class VmmRegion final : public core::MappedRegion {
   void* data() const override {
     // The mapping's device virtual address (a CUdeviceptr) as a pointer.
     // NOLINTNEXTLINE(performance-no-int-to-ptr)
-    return reinterpret_cast<void*>(static_cast<uintptr_t>(mapping_.va + offset_));
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(mapping_->va + offset_));
   }
   uint64_t size() const override { return size_; }
   core::MemoryKind memory_kind() const override { return core::MemoryKind::kCudaDevice; }
   std::string device_uuid() const override { return uuid_; }
 
  private:
-  VmmMapping mapping_;
+  std::unique_ptr<VmmMapping> mapping_;  // never null once made
   const uint64_t offset_;
   const uint64_t size_;
   const std::string uuid_;
@@ -364,12 +361,14 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   // (free_gate.h), so that register / unregister churn while the gate is
   // closed ends in RESOURCE_EXHAUSTED, never in a teardown that cannot be
   // queued.
+  // The mapping is allocated first (its teardown then allocates nothing).
   core::FreeGate& gate = core::FreeGate::ForDevice(device->ordinal);
+  auto owned = std::make_unique<VmmMapping>();
   RETURN_IF_ERROR(gate.Reserve("cuda_vmm: a mapping"));
-  VmmMapping m;
+  PendingMapping pending(std::move(owned), &gate);
+  VmmMapping& m = pending.mapping();
   m.driver = driver_;
   m.device = device->ordinal;
-  PendingMapping pending(&m, &gate);
   m.segments.reserve(pieces.size());
   // Import and check every allocation before anything is reserved.
   uint64_t alignment = 1;
@@ -433,9 +432,8 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   if (Result r = driver_->SetAccess(ordinal, m.va, length); r != CudaVmmDriver::kSuccess) {
     return DriverError(driver_, "cuMemSetAccess", r);
   }
-  auto region = std::make_unique<VmmRegion>(m, offset, size, device->uuid, &gate);
-  pending.Dismiss();  // the region undoes the mapping from now on, and holds the room
-  return region;
+  // The region takes the mapping and the room once made (VmmRegion).
+  return std::make_unique<VmmRegion>(&pending, offset, size, device->uuid, &gate);
 }
 
 std::unique_ptr<core::RegionMapper> MakeCudaVmmMapper(CudaVmmMapperOptions options) {

@@ -24,8 +24,10 @@
 // and the region is [va + offset, va + offset + size). The region's
 // destructor (the buffer's last lease) runs cuMemUnmap, cuMemAddressFree and
 // cuMemRelease through the device's FreeGate (server/core/free_gate.h:
-// deferred while a stream of that device waits on a client's event, its
-// bytes counted until then; Map reserves the room for it); every error path
+// queued for the gate's drainer, which runs it while no stream of that
+// device waits on a client's event; its bytes counted until it ran, so an
+// unregister gives them back a moment later; Map reserves the room for it
+// and allocates the mapping the teardown takes over); every error path
 // releases exactly what was acquired, in reverse order. The descriptor is not kept (the imported
 // handle holds the memory).
 //
@@ -81,7 +83,8 @@
 // allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the
 // driver is out of memory or address space; max_mapped_bytes; the device's
 // FreeGate room, server/core/free_gate.h: mappings live or waiting for their
-// deferred teardown), INTERNAL (other driver errors,
+// deferred teardown, or more than its max_deferred_bytes waiting), INTERNAL
+// (other driver errors,
 // with the CUresult's name).
 //
 // The driver is reached through CudaVmmDriver (cuda_vmm_driver.h), so the

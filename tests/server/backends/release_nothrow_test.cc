@@ -4,7 +4,13 @@
 // BlockPool (a Release that trims), StreamPool (a Release beyond the idle
 // cap: destroyed) and FreeGate (FreeOrDefer into reserved room, Leave). A release
 // that allocates throws out of the EXPECT_NO_THROW (the old BlockPool's
-// trim built a std::vector of the blocks to free).
+// trim built a std::vector of the blocks to free). Also a VMM region's
+// teardown (cuda_vmm_mapper.cc): nothing to allocate, always through the
+// device's FreeGate.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -14,6 +20,8 @@
 #include "server/backends/block_pool.h"
 #include "server/backends/stream_pool.h"
 #include "server/core/free_gate.h"
+#include "server/memory/cuda_vmm_mapper.h"
+#include "tests/server/memory/fake_cuda_vmm_driver.h"
 
 namespace {
 thread_local bool fail_allocations = false;
@@ -122,6 +130,50 @@ TEST(ReleaseNoThrowTest, StreamPoolAndFreeGateReleasesAllocateNothing) {
   });
   EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
   EXPECT_EQ(freed, 4);
+}
+
+// The fifth review's nit: ~VmmRegion allocated a copy of the mapping for
+// the gate's entry (new (std::nothrow)) and, out of memory, undid the
+// mapping at once on this thread, even with the gate closed (behind a
+// client's wait). The mapping is allocated with the Map now: the teardown
+// allocates nothing and always goes through the gate.
+TEST(ReleaseNoThrowTest, AVmmRegionsTeardownAllocatesNothingAndWaitsForTheGate) {
+  memory::FakeCudaVmmDriver driver;
+  memory::CudaVmmMapperOptions options;
+  options.device_uuids = {memory::kGpu0};
+  struct stat st;
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  options.nvidia_major = major(st.st_rdev);
+  memory::CudaVmmMapper mapper(&driver, options);
+  const int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  memory::FakeCudaVmmDriver::Allocation a;
+  a.size = 4 * memory::kMiB;
+  a.location.on_device = true;
+  a.location.type = 1;
+  a.location.ordinal = 0;
+  driver.allocations[fd] = a;
+  core::FdRegionSpec spec;
+  spec.fd = std::make_shared<const UniqueFd>(fd);
+  spec.kind = core::FdKind::kCudaVmm;
+  spec.size = memory::kMiB;
+  spec.device_uuid = memory::kGpu0;
+  auto region = mapper.Map(spec);
+  ASSERT_TRUE(region.ok()) << region.status();
+  FreeGate& gate = FreeGate::ForDevice(0);
+  gate.Enter();  // a stream of device 0 waits on a client's event
+  driver.calls.clear();
+  driver.calls.reserve(16);  // an inline undo would record without allocating
+  EXPECT_NO_THROW({
+    FailAllocations fail;
+    region->reset();
+  });
+  EXPECT_TRUE(driver.calls.empty()) << driver.calls.front() << " ran inline, gate closed";
+  EXPECT_EQ(gate.deferred(), 1u);
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_TRUE(driver.Clean());
+  EXPECT_EQ(driver.bad_calls, 0);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_uuid.h"
+#include "tests/testing/cuda_driver_entry.h"
 #include "tests/testing/scm_rights.h"
 
 namespace {
@@ -29,14 +30,9 @@ constexpr int kSocketFd = 3;
 
 template <typename Fn>
 Fn Entry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &p, 10020, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    std::fprintf(stderr, "cuda_vmm_exporter: no driver entry point %s\n", name);
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(p);
+  const Fn fn = tokensel::testing::DriverEntry<Fn>(name);
+  if (fn == nullptr) std::fprintf(stderr, "cuda_vmm_exporter: no driver entry point %s\n", name);
+  return fn;
 }
 
 bool Ok(CUresult r, const char* what) {

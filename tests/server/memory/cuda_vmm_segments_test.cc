@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/core/free_gate.h"
 #include "server/memory/cuda_vmm_mapper.h"
 #include "tests/server/memory/fake_cuda_vmm_driver.h"
 #include "tests/testing/status_matchers.h"
@@ -35,6 +36,11 @@ using FakeDriver = FakeCudaVmmDriver;
 class CudaVmmSegmentsTest : public ::testing::Test {
  protected:
   CudaVmmSegmentsTest() : mapper_(&driver_, Options()) {}
+  ~CudaVmmSegmentsTest() override { AwaitVmmTeardowns(); }  // the driver outlives them
+  bool Clean() {
+    AwaitVmmTeardowns();
+    return driver_.Clean();
+  }
 
   static CudaVmmMapperOptions Options(uint64_t cap = UINT64_MAX) {
     CudaVmmMapperOptions options;
@@ -124,7 +130,7 @@ TEST_F(CudaVmmSegmentsTest, MapsTheAllocationsBackToBackInOneReservation) {
 
     driver_.calls.clear();
     region->reset();
-    EXPECT_TRUE(driver_.Clean());
+    EXPECT_TRUE(Clean());
     std::vector<std::string> undo(n, "unmap");
     undo.push_back("free");
     undo.insert(undo.end(), n, "release");
@@ -154,7 +160,7 @@ TEST_F(CudaVmmSegmentsTest, AFailureAtSegmentKGivesBackExactlyWhatWasAcquired) {
       EXPECT_THAT(mapper_.Map(Spec(sizes, 0, 100 * kMiB)),
                   ::testing::Not(::testing::Property(
                       &absl::StatusOr<std::unique_ptr<core::MappedRegion>>::ok, true)));
-      EXPECT_TRUE(driver_.Clean());
+      EXPECT_TRUE(Clean());
       if (step == FakeDriver::kMap) {
         EXPECT_EQ(driver_.Count("reserve"), 1);
         EXPECT_EQ(driver_.Count("map"), k + 1);
@@ -172,7 +178,7 @@ TEST_F(CudaVmmSegmentsTest, AFailureAtSegmentKGivesBackExactlyWhatWasAcquired) {
   driver_.calls.clear();
   driver_.FailAt(FakeDriver::kSetAccess);
   EXPECT_THAT(mapper_.Map(Spec(sizes, 0, 100 * kMiB)), StatusIs(StatusCode::kInternal));
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   EXPECT_EQ(driver_.Count("unmap"), 5);
   EXPECT_EQ(driver_.Count("release"), 5);
   // The import's error names the segment.
@@ -180,8 +186,9 @@ TEST_F(CudaVmmSegmentsTest, AFailureAtSegmentKGivesBackExactlyWhatWasAcquired) {
   EXPECT_THAT(mapper_.Map(Spec(sizes, 0, 100 * kMiB)),
               StatusIs(StatusCode::kInvalidArgument,
                        "fd.segments[2]: the driver cannot import the descriptor"));
+  AwaitVmmTeardowns();  // its teardown, queued, before the driver is changed
   driver_.FailAt(FakeDriver::kNone);
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   EXPECT_EQ(driver_.bad_calls, 0);
 }
 
@@ -202,7 +209,7 @@ TEST_F(CudaVmmSegmentsTest, BadSegmentsAreRefusedNamingTheSegment) {
     auto at_limit = mapper_.Map(Spec(std::vector<uint64_t>(core::kMaxVmmSegments, 2 * kMiB), 0, 1));
     EXPECT_TRUE(at_limit.ok()) << at_limit.status();
   }
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   // A zero allocation_size.
   core::FdRegionSpec zero = Spec({20 * kMiB, 20 * kMiB}, 0, kMiB);
   zero.segments[1].allocation_size = 0;
@@ -239,7 +246,7 @@ TEST_F(CudaVmmSegmentsTest, BadSegmentsAreRefusedNamingTheSegment) {
   close(fds[1]);
   pipe_fd.segments[2].fd = std::make_shared<const UniqueFd>(fds[0]);
   before_driver(pipe_fd, StatusCode::kInvalidArgument, "fd.segments[2]: fd: a pipe");
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
 
   // Found by the driver, with nothing left acquired.
   // An allocation smaller than declared: cuMemMap refuses it.
@@ -249,7 +256,7 @@ TEST_F(CudaVmmSegmentsTest, BadSegmentsAreRefusedNamingTheSegment) {
               StatusIs(StatusCode::kInvalidArgument,
                        "cuMemMap refused to map 20971520 bytes of fd.segments[1] (its "
                        "allocation_size 20971520)"));
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   // Not whole granules of that allocation.
   core::FdRegionSpec partial = Spec({20 * kMiB, 20 * kMiB}, 0, kMiB);
   partial.segments[1].allocation_size = 19 * kMiB;
@@ -257,7 +264,7 @@ TEST_F(CudaVmmSegmentsTest, BadSegmentsAreRefusedNamingTheSegment) {
               StatusIs(StatusCode::kInvalidArgument,
                        "fd.segments[1].allocation_size 19922944 is not a multiple of the "
                        "allocation's granularity 2097152"));
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   // A segment whose granule does not divide its place in the buffer.
   core::FdRegionSpec misplaced = Spec({2 * kMiB, 8 * kMiB}, 0, kMiB);
   driver_.allocations[misplaced.segments[1].fd->get()].granularity = 8 * kMiB;
@@ -265,7 +272,7 @@ TEST_F(CudaVmmSegmentsTest, BadSegmentsAreRefusedNamingTheSegment) {
               StatusIs(StatusCode::kInvalidArgument,
                        "fd.segments[1] maps at offset 2097152 of the buffer (the allocations "
                        "before it), not a multiple of its granularity 8388608"));
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   // A segment on another device than the buffer's.
   core::FdRegionSpec elsewhere = Spec({20 * kMiB}, 0, kMiB);
   elsewhere.segments.push_back(Segment(20 * kMiB, 20 * kMiB, 1));
@@ -273,7 +280,7 @@ TEST_F(CudaVmmSegmentsTest, BadSegmentsAreRefusedNamingTheSegment) {
               StatusIs(StatusCode::kFailedPrecondition,
                        absl::StrCat("fd.segments[1]: fd.device_uuid is ", kGpu0,
                                     " but the allocation lives on ", kGpu1)));
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   EXPECT_TRUE(driver_.mapped.empty());
   EXPECT_EQ(driver_.bad_calls, 0);
 }
@@ -287,20 +294,21 @@ TEST_F(CudaVmmSegmentsTest, TheCapCountsEverySegment) {
                        "mapping 62914560 more bytes (fd.offset + fd.size = 1048576, 3 "
                        "fd.segments) would pass the server's cap of 52428800"));
   EXPECT_EQ(driver_.Count("reserve"), 0);
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   auto a = mapper.Map(Spec({20 * kMiB, 20 * kMiB}, 0, kMiB));  // 40 of 50
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(mapper.Map(Spec({6 * kMiB, 6 * kMiB}, 0, kMiB)),
               StatusIs(StatusCode::kResourceExhausted, "(41943040 mapped now)"));
   auto b = mapper.Map(Spec({6 * kMiB, 4 * kMiB}, 0, kMiB));  // 50 of 50
   ASSERT_TRUE(b.ok()) << b.status();
-  a->reset();  // gives back all 40
+  a->reset();  // gives back all 40 (once its teardown ran)
+  AwaitVmmTeardowns();
   auto c = mapper.Map(Spec({20 * kMiB, 20 * kMiB}, 0, kMiB));
   ASSERT_TRUE(c.ok()) << c.status();
   a->reset();
   b->reset();
   c->reset();
-  EXPECT_TRUE(driver_.Clean());
+  EXPECT_TRUE(Clean());
   EXPECT_EQ(driver_.bad_calls, 0);
 }
 

@@ -5,6 +5,9 @@
 // maps, set-access over a range not mapped throughout, freeing a range with
 // a mapping inside, releasing twice), and can fail the n-th call of any
 // step. Fake allocations are keyed by the descriptor's number.
+// AwaitVmmTeardowns: the mapper's teardowns run on the FreeGates' drainers,
+// never on the thread that drops a region: tests wait for them before they
+// look at the driver (or let it go).
 #ifndef TOKENSEL_TESTS_SERVER_MEMORY_FAKE_CUDA_VMM_DRIVER_H_
 #define TOKENSEL_TESTS_SERVER_MEMORY_FAKE_CUDA_VMM_DRIVER_H_
 
@@ -16,6 +19,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/core/free_gate.h"
 #include "server/memory/cuda_vmm_driver.h"
 
 namespace tokensel::memory {
@@ -26,6 +31,12 @@ inline constexpr uint64_t kMinGranule = 4096;  // what Reserve takes (the smalle
 inline constexpr char kGpu0[] = "GPU-00000000-0000-0000-0000-00000000000a";
 inline constexpr char kGpu1[] = "GPU-00000000-0000-0000-0000-00000000000b";
 inline constexpr char kGpu2[] = "GPU-00000000-0000-0000-0000-00000000000c";  // not the backend's
+
+// Waits (at most 10 s each) until devices 0 and 1 have no teardown queued
+// or running (server/core/free_gate.h).
+inline void AwaitVmmTeardowns() {
+  for (int d : {0, 1}) (void)core::FreeGate::ForDevice(d).AwaitDrained(absl::Seconds(10));
+}
 
 class FakeCudaVmmDriver final : public CudaVmmDriver {
  public:

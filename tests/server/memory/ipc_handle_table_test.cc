@@ -86,7 +86,8 @@ TEST_F(IpcHandleTableTest, OneOpenPerHandleClosedWithTheLastReference) {
   EXPECT_EQ(gates_[0].reserved(), 1u);  // room for its close
   a = absl::CancelledError();           // drops a reference
   EXPECT_EQ(ops_.closes, 0);
-  b = absl::CancelledError();  // gate open: closed now, on this thread
+  b = absl::CancelledError();  // gate open: its drainer closes it (free_gate.h)
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(ops_.locked_closes, 0);
   EXPECT_EQ(table_->open_count(), 0u);
@@ -117,7 +118,8 @@ TEST_F(IpcHandleTableTest, AClosingHandleIsReusedNotReopened) {
   EXPECT_EQ(table_->open_count(), 1u);
   EXPECT_EQ(table_->closing_count(), 0u);
   EXPECT_EQ(gates_[0].reserved(), 1u);
-  again = absl::CancelledError();  // open: closed now
+  again = absl::CancelledError();  // open: its drainer closes it
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(gates_[0].reserved(), 0u);
   EXPECT_EQ(ops_.locked_closes, 0);
@@ -160,7 +162,8 @@ TEST_F(IpcHandleTableTest, PendingClosesCountAgainstTheDevicesRoom) {
   EXPECT_EQ(ops_.opens.count(Handle('c')), 0u);
   // The other device is not affected.
   EXPECT_OK(Acquire('c', 1));
-  EXPECT_EQ(ops_.closes, 1);  // device 1's gate is open: at once
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.closes, 1);  // device 1's gate is open: its drainer closed it
   // Device 0 still reuses what it has open or closing.
   EXPECT_OK(Acquire('a'));
   b = absl::CancelledError();
@@ -179,6 +182,7 @@ TEST_F(IpcHandleTableTest, AHandleOpenOnOneDeviceIsRefusedOnAnother) {
     ASSERT_OK(a);
     EXPECT_THAT(Acquire('a', 1), StatusIs(StatusCode::kFailedPrecondition, "open on device 0"));
   }
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);
 }
 
