@@ -200,8 +200,8 @@ void IpcHandleTable::Release(const std::string& handle) noexcept {
     close = QueueCloseLocked(*it->second);
     gate = it->second->gate;
   }
-  // Outside the lock: run at once while the gate is open (the close may
-  // synchronize the device; other Maps must not wait behind it).
+  // Outside the lock: queued for the gate's drainer (the close may
+  // synchronize the device; neither other Maps nor this thread wait for it).
   if (close.run != nullptr) gate->FreeOrDefer(close);
 }
 

@@ -24,10 +24,11 @@
 //    handle opened just for it goes the way of a last Release (below).
 //  - Release (the last Ref gone): the close (cudaIpcCloseMemHandle, which
 //    may synchronize the device) goes through the device's FreeGate AFTER
-//    the table's lock is released: run now while the gate is open, else
-//    deferred. A handle whose close is deferred stays in the table with no
+//    the table's lock is released: queued for the gate's drainer thread,
+//    which runs it while the gate is open (never on the releasing thread,
+//    which may be the completion thread). A handle whose close is pending stays in the table with no
 //    reference, and the next Acquire of it reuses it: no second open, and no
-//    second deferred close. When the deferred close runs it closes the
+//    second pending close. When the pending close runs it closes the
 //    handle only if it is still unreferenced.
 //  - A close that runs keeps its entry ("closing") until the driver's close
 //    returned: an Acquire of that handle meanwhile waits and then opens it

@@ -3,6 +3,7 @@
 // that counts its calls. Device tests: cuda_ipc_device_test.cc.
 #include "server/memory/cuda_ipc_mapper.h"
 
+#include <atomic>
 #include <cstdint>
 #include <new>
 #include <string>
@@ -29,18 +30,23 @@ class CountingIpcOps final : public IpcHandleOps {
     return Opened{arena, true, sizeof(arena), device};
   }
   void Close(void* /*base*/, int /*device*/) noexcept override { ++closes; }
-  int opens = 0;
-  int closes = 0;
+  std::atomic<int> opens{0};
+  std::atomic<int> closes{0};
   char arena[4096] = {};
 };
+
+// The gate of ServingOne's mappers: outlives every table and its closes.
+core::FreeGate& ServingGate() {
+  static core::FreeGate* gate = new core::FreeGate();
+  return *gate;
+}
 
 // A mapper serving one device (ordinal 3, kServed) over `ops`.
 CudaIpcMapperOptions ServingOne(CountingIpcOps* ops) {
   CudaIpcMapperOptions options;
   options.devices.push_back({3, kServed});
   options.ops = ops;
-  static core::FreeGate gate;  // outlives every table and its closes
-  options.gate_for = [](int) -> core::FreeGate& { return gate; };
+  options.gate_for = [](int) -> core::FreeGate& { return ServingGate(); };
   return options;
 }
 
@@ -103,6 +109,7 @@ TEST(CudaIpcMapperTest, ADeviceTheBackendDoesNotServeMakesNoDriverCall) {
   EXPECT_EQ((*region)->data(), ops.arena + 16);
   EXPECT_EQ(ops.opens, 1);
   region->reset();
+  EXPECT_EQ(ServingGate().AwaitDrained(absl::Seconds(10)), 0u);  // closes run on its drainer
   EXPECT_EQ(ops.closes, 1);
 }
 

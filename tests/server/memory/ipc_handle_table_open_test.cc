@@ -182,8 +182,9 @@ TEST_F(IpcHandleTableOpenTest, AFreshOpenWaitsForTheRunningClose) {
     EXPECT_EQ(ops_.opens, 1);
     ops_.Let(&ops_.hold_close);
     closing.get();
-    ASSERT_OK(reopen.get());  // released at once: closed again
+    ASSERT_OK(reopen.get());  // released at once: closed again (by the drainer)
   }
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.log, (std::vector<std::string>{"open a", "close a", "closed", "open a", "close a",
                                                 "closed"}));
   EXPECT_EQ(table_->open_count(), 0u);
@@ -219,6 +220,7 @@ TEST_F(IpcHandleTableOpenTest, AnUnknownDeviceOrExtentIsRefusedAndClosed) {
   EXPECT_THAT(Acquire('q'), StatusIs(StatusCode::kInternal, "which device"));
   ops_.unknown_extent = Handle('r');
   EXPECT_THAT(Acquire('r'), StatusIs(StatusCode::kInternal, "cannot bound"));
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);  // closes run on the drainer
   EXPECT_EQ(ops_.closes, 2);
   EXPECT_EQ(table_->open_count(), 0u);
   EXPECT_EQ(gates_[0].reserved(), 0u);
@@ -277,6 +279,7 @@ TEST_F(IpcHandleTableOpenTest, AliasedHandlesStayBalanced) {
     ASSERT_OK(alias);
     EXPECT_EQ(alias->data(), a->data());
   }
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 1);  // the alias's own open, closed; 'a' still open
   EXPECT_EQ(table_->open_count(), 1u);
   ops_.fail[Handle('b')] = absl::InvalidArgumentError("cuda_ipc.handle names an allocation");
@@ -285,6 +288,7 @@ TEST_F(IpcHandleTableOpenTest, AliasedHandlesStayBalanced) {
   EXPECT_EQ(table_->open_count(), 1u);
   EXPECT_EQ(gates_[0].reserved(), 1u);
   a = absl::CancelledError();
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
   EXPECT_EQ(ops_.closes, 2);
   EXPECT_EQ(gates_[0].reserved(), 0u);
 }
