@@ -67,9 +67,10 @@ bool FreeGate::open() const {
 void FreeGate::Wake() noexcept {
   tokensel::MutexLock lock(&list_mu_);
   wake_ = true;
+  opened_ = true;  // called when the gate opens: the hooks run too
 }
 
-bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()); }
+bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()) || opened_; }
 
 bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
 
@@ -174,6 +175,47 @@ void FreeGate::DrainLoop() {
       wake_ = false;
     }
     (void)DrainIfOpen();
+    RunOpenedHooks();
+  }
+}
+
+uint64_t FreeGate::AddOpenedHook(std::function<void()> hook) {
+  tokensel::MutexLock lock(&hooks_mu_);
+  hooks_.emplace_back(next_hook_, std::move(hook));
+  {
+    tokensel::MutexLock list_lock(&list_mu_);
+    try {
+      if (!drainer_.joinable()) drainer_ = std::thread([this] { DrainLoop(); });
+    } catch (...) {
+      hooks_.pop_back();
+      throw;
+    }
+  }
+  return next_hook_++;
+}
+
+void FreeGate::RemoveOpenedHook(uint64_t id) noexcept {
+  tokensel::MutexLock lock(&hooks_mu_);  // a call in progress holds it
+  for (auto it = hooks_.begin(); it != hooks_.end(); ++it) {
+    if (it->first == id) {
+      hooks_.erase(it);
+      return;
+    }
+  }
+}
+
+void FreeGate::RunOpenedHooks() noexcept {
+  {
+    tokensel::MutexLock lock(&list_mu_);
+    if (!opened_) return;
+    opened_ = false;
+  }
+  tokensel::MutexLock lock(&hooks_mu_);
+  for (const auto& [id, hook] : hooks_) {
+    try {
+      hook();
+    } catch (...) {  // a hook must not end the drainer (BlockPool's do not throw)
+    }
   }
 }
 
