@@ -103,16 +103,12 @@ absl::Status Server::Init() {
     }
     cuda_ipc_ = memory::MakeCudaIpcMapper(std::move(ipc_devices));
     memory::CudaVmmMapperOptions vmm;
-    uint64_t device_bytes = 0;
-    for (const core::DeviceDescription& d : backend_->devices()) {
-      vmm.device_uuids.push_back(d.uuid);
-      device_bytes += d.total_memory_bytes;
-    }
-    // Mapped VMM bytes (sum over live regions) are capped at 4x the
-    // backend's device memory: buffer quotas count buffers, not bytes, and
-    // each mapping's page tables cost device memory.
-    if (device_bytes != 0 && device_bytes <= UINT64_MAX / 4)
-      vmm.max_mapped_bytes = 4 * device_bytes;
+    for (const core::DeviceDescription& d : backend_->devices()) vmm.device_uuids.push_back(d.uuid);
+    // Mapped VMM bytes (live regions and deferred teardowns) are capped per
+    // device at 4x its memory: buffer quotas count buffers, not bytes, each
+    // mapping's page tables cost device memory, and a stuck client wait on
+    // one device (its teardowns deferred) must not refuse the others.
+    vmm.mapped_device_memory_multiple = 4;
     cuda_vmm_ = memory::MakeCudaVmmMapper(std::move(vmm));
   }
 

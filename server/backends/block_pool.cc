@@ -16,9 +16,15 @@ BlockPool::BlockPool(std::string name, size_t granule, size_t max_cached_bytes, 
       max_cached_bytes_(max_cached_bytes),
       allocate_(std::move(allocate)),
       free_(std::move(free)),
-      gate_(gate) {}
+      gate_(gate) {
+  // The charge of a closed period goes back when the gate opens, not at the
+  // next Release: nothing else may come to this pool for long.
+  if (gate_ != nullptr) opened_hook_ = gate_->AddOpenedHook([this] { TrimOnOpen(); });
+}
 
 BlockPool::~BlockPool() {
+  // Waits for a trim in progress on the drainer.
+  if (gate_ != nullptr) gate_->RemoveOpenedHook(opened_hook_);
   // A backend destroyed while a stream still waits on a client's event (its
   // completion queue abandoned it: tests, tools; the server leaks its
   // backend instead) must not free: cudaFree would synchronize behind that
@@ -70,24 +76,25 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
       SettleChargeLocked();  // reused: the request takes over its charge
       return block;
     }
-    over = excess_.OverTotal();
+    over = excess_.OverShare();
   }
-  // A new block only while the budget, the pools' charges included, is
-  // within its total: a request may have reserved its bytes counting on
-  // reusing a charged block (MemoryBudget::GrowPooled). If the gate opened
-  // since the charge, the charged blocks are freed first.
+  // A new block only while the requests' bytes plus this device's charges
+  // are within the total: a request may have reserved its bytes counting on
+  // reusing a charged block (memory_budget.h). If the gate opened since
+  // the charge (its opened hook has not run yet), the charged blocks are
+  // freed first.
   if (over && (gate_ == nullptr || gate_->BeginFree())) {
     TrimHeld(max_cached_bytes_ / 2, nullptr);
     if (gate_ != nullptr) gate_->EndFree();
     absl::MutexLock lock(&mu_);
-    over = excess_.OverTotal();
+    over = excess_.OverShare();
   }
   if (over) {
     return absl::ResourceExhaustedError(
         absl::StrCat(name_, " of ", bytes,
-                     " bytes: no new block while the server's memory budget is over its total "
-                     "(--memory_budget_bytes; idle blocks kept while a stream waits on a client's "
-                     "wait_event are charged to it); retry later"));
+                     " bytes: no new block on this device while the requests' memory plus the idle "
+                     "blocks it keeps while a stream waits on a client's wait_event are over the "
+                     "server's memory budget total (--memory_budget_bytes); retry later"));
   }
   // The node the block's Release will need, before anything is allocated:
   // if this throws, nothing is held.
@@ -107,10 +114,21 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
   return Block{*data, rounded};
 }
 
-void BlockPool::AttachBudget(core::MemoryBudget* budget) {
+void BlockPool::AttachBudget(core::MemoryBudget* budget, int ordinal) {
   absl::MutexLock lock(&mu_);
-  excess_ = budget != nullptr ? budget->OpenWeakCharge() : core::MemoryBudget::WeakCharge();
+  excess_ = budget != nullptr ? budget->OpenWeakCharge(ordinal) : core::MemoryBudget::WeakCharge();
   SettleChargeLocked();
+}
+
+void BlockPool::TrimOnOpen() noexcept {
+  {
+    absl::MutexLock lock(&mu_);
+    if (idle_bytes_ <= max_cached_bytes_) return;  // nothing charged
+  }
+  // Still open (a wait may have been queued since): else the next opening.
+  if (!gate_->BeginFree()) return;
+  TrimHeld(max_cached_bytes_ / 2, nullptr);  // as Release's trim, with hysteresis
+  gate_->EndFree();
 }
 
 void BlockPool::SettleChargeLocked() {
@@ -152,6 +170,7 @@ void BlockPool::Release(Block block) noexcept {
     }
   } const hold{gate_ != nullptr && may_free ? gate_ : nullptr};
   bool trim = false;
+  bool charged = false;
   {
     absl::MutexLock lock(&mu_);
     --in_use_;
@@ -168,8 +187,17 @@ void BlockPool::Release(Block block) noexcept {
     }
     idle_bytes_ += block.bytes;
     trim = may_free && idle_bytes_ > max_cached_bytes_;
+    charged = !may_free && idle_bytes_ > max_cached_bytes_;
     // Gate closed: the idle bytes beyond the cap are charged to the budget.
     if (!trim) SettleChargeLocked();
+  }
+  if (charged && gate_->BeginFree()) {
+    // The gate opened between the check above and the charge: its opened
+    // hook may have run before this block was idle, finding nothing to
+    // trim; trim now rather than at the next opening.
+    TrimHeld(max_cached_bytes_ / 2, block.data);
+    gate_->EndFree();
+    return;
   }
   if (!trim) return;
   // Idle memory stays bounded: without this, requests of ever larger sizes

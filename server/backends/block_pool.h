@@ -27,18 +27,25 @@
 //  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
 //    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
 //    request pays for any more, are charged to the MemoryBudget given to
-//    AttachBudget (a MemoryBudget::WeakCharge of the pool's own, grown past
-//    the bounds if need be: the memory exists and cannot be returned now),
-//    and given back as soon as they are freed or reused. Weak: a budget
-//    destroyed before the pool (tests, tools) is not touched by the pool
-//    afterwards. Count-and-cap: a request reserves its pooled bytes with
-//    MemoryBudget::Reservation::GrowPooled, which counts the requests'
-//    bytes only, so reusing a charged block never fails because of the
-//    pools' own charge (the request takes it over: the charge shrinks);
-//    but while the budget, charges included, is over its total, Acquire
-//    allocates no new block (RESOURCE_EXHAUSTED), and every block a request
-//    allocates was reserved by it first, so a closed gate cannot make the
-//    pools grow beyond what the budget admits (plus the caps).
+//    AttachBudget, on the account of the pool's device (a
+//    MemoryBudget::WeakCharge of the pool's own, grown past the bounds if
+//    need be: the memory exists and cannot be returned now), and given back
+//    as soon as they are freed or reused. Weak: a budget destroyed before
+//    the pool (tests, tools) is not touched by the pool afterwards.
+//    Count-and-cap, per device (memory_budget.h): a request reserves its
+//    pooled bytes with MemoryBudget::Reservation::Grow, which counts the
+//    requests' bytes only, so reusing a charged block never fails because
+//    of a charge (the request takes it over: the charge shrinks); but while
+//    the requests' bytes plus the charge of the pool's device (every pool
+//    of it) are over the total, Acquire allocates no new block
+//    (RESOURCE_EXHAUSTED), and every block a request allocates was reserved
+//    by it first, so a closed gate cannot make the device's pools grow
+//    beyond what the budget admits (plus the caps). Another device's charge
+//    refuses nothing here.
+//    When the gate opens, its drainer trims the pool (FreeGate's opened
+//    hook, registered by the constructor): the charge goes back at once,
+//    not at the pool's next Release, and the frees run on the drainer,
+//    never on the thread that left the gate.
 //    gated_allocations() counts the blocks allocated while it was closed
 //    (sampled when the allocation is decided).
 //  - Abandon(block): a block that device work may still use for ever (the
@@ -82,7 +89,9 @@ class BlockPool {
   using AllocateFn = std::function<absl::StatusOr<void*>(size_t bytes)>;
   using FreeFn = std::function<void(void* data)>;
 
-  // `granule` > 0. `gate` (may be null: always open) must outlive the pool.
+  // `granule` > 0. `gate` (may be null: always open) must outlive the pool;
+  // the pool registers an opened hook there (may throw: std::bad_alloc,
+  // std::system_error).
   BlockPool(std::string name, size_t granule, size_t max_cached_bytes, AllocateFn allocate,
             FreeFn free, FreeGate* gate = nullptr);
   ~BlockPool();
@@ -95,10 +104,10 @@ class BlockPool {
   void Release(Block block) noexcept;
   // Forgets a block handed out by Acquire (see above). Never throws.
   void Abandon(Block block) noexcept;
-  // The budget that pays for idle bytes beyond the cap (see above); null:
-  // none (tests, tools). Call before the pool is used; the charge is weak
-  // (see above).
-  void AttachBudget(core::MemoryBudget* budget);
+  // The budget that pays for idle bytes beyond the cap, on the account of
+  // device `ordinal` (the pool's; see above); null: none (tests, tools).
+  // Call before the pool is used; the charge is weak (see above).
+  void AttachBudget(core::MemoryBudget* budget, int ordinal);
 
   size_t max_cached_bytes() const { return max_cached_bytes_; }
   // Statistics (tests, diagnostics): allocations made so far, blocks freed
@@ -133,6 +142,7 @@ class BlockPool {
   int64_t gated_allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t abandoned_ ABSL_GUARDED_BY(mu_) = 0;
   core::MemoryBudget::WeakCharge excess_ ABSL_GUARDED_BY(mu_);
+  uint64_t opened_hook_ = 0;  // the gate's id for TrimOnOpen
 
   // Pops the next block to trim (largest first, never `keep`) while idle
   // bytes exceed `target`; null when none.
@@ -140,6 +150,8 @@ class BlockPool {
   // Frees idle blocks (never `keep` unless it alone exceeds the cap) down
   // to `low_water`, then settles the charge; the caller holds the gate.
   void TrimHeld(size_t low_water, void* keep) noexcept;
+  // The gate's opened hook: trims the charged excess (on its drainer).
+  void TrimOnOpen() noexcept;
   // excess_ = the idle bytes beyond the cap.
   void SettleChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };

@@ -185,9 +185,11 @@ absl::Status CudaBackend::Init(int streams) {
 }
 
 void CudaBackend::AttachMemoryBudget(core::MemoryBudget* budget) {
-  workspaces_.AttachBudget(budget);
-  staging_.AttachBudget(budget);
-  pinned_.AttachBudget(budget);
+  // Every pool of this device charges the device's own account: a stuck
+  // client here refuses no other device's blocks (memory_budget.h).
+  workspaces_.AttachBudget(budget, device_.ordinal);
+  staging_.AttachBudget(budget, device_.ordinal);
+  pinned_.AttachBudget(budget, device_.ordinal);
 }
 
 CudaBackend::~CudaBackend() {

@@ -35,8 +35,9 @@ struct OpContext {
   absl::Status Run(const Args& args) {
     if (memory == nullptr) return absl::OkStatus();  // measuring
     const uint64_t scratch = backend.ScratchBytes(args);
-    // Pooled on a device backend: may reuse a charged idle block (memory_budget.h).
-    RETURN_IF_ERROR(memory->GrowPooled(scratch, absl::StrCat("scratch of ", op_name)));
+    // Pooled on a device backend: may reuse a charged idle block, whose
+    // charge the request takes over (memory_budget.h).
+    RETURN_IF_ERROR(memory->Grow(scratch, absl::StrCat("scratch of ", op_name)));
     kernels::ScopedStopToken scope(stop);
     RETURN_IF_ERROR(kernels::CheckStop());
     const auto start = std::chrono::steady_clock::now();

@@ -144,9 +144,10 @@ bool FreeGate::open() const {
 void FreeGate::Wake() noexcept {
   tokensel::MutexLock lock(&list_mu_);
   wake_ = true;
+  opened_ = true;  // called when the gate opens: the hooks run too
 }
 
-bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()); }
+bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()) || opened_; }
 
 bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
 
@@ -171,14 +172,7 @@ absl::Status FreeGate::Reserve(absl::string_view what) {
     if (deferred_.capacity() < reserved_ + 1) {
       deferred_.reserve(std::min(kMaxPending, std::max<size_t>(16, 2 * (reserved_ + 1))));
     }
-    if (!drainer_.joinable()) {
-      // After StopAll (a new server in this process): running again; what
-      // was left runs once the gate is open.
-      stop_ = false;
-      stopped_ = false;
-      wake_ = !deferred_.empty();
-      drainer_ = std::thread([this] { DrainLoop(); });
-    }
+    StartDrainerLocked();
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, ": out of host memory for the deferred-free list"));
@@ -188,6 +182,16 @@ absl::Status FreeGate::Reserve(absl::string_view what) {
   }
   ++reserved_;
   return absl::OkStatus();
+}
+
+void FreeGate::StartDrainerLocked() {
+  if (drainer_.joinable()) return;
+  // First use, or after StopAll (a new server in this process): running
+  // again; what was left runs once the gate is open.
+  stop_ = false;
+  stopped_ = false;
+  wake_ = !deferred_.empty();
+  drainer_ = std::thread([this] { DrainLoop(); });
 }
 
 void FreeGate::Unreserve() noexcept {
@@ -266,6 +270,47 @@ void FreeGate::DrainLoop() {
       wake_ = false;
     }
     (void)Drain(/*drainer=*/true);
+    RunOpenedHooks();
+  }
+}
+
+uint64_t FreeGate::AddOpenedHook(std::function<void()> hook) {
+  tokensel::MutexLock lock(&hooks_mu_);
+  hooks_.emplace_back(next_hook_, std::move(hook));
+  {
+    tokensel::MutexLock list_lock(&list_mu_);
+    try {
+      StartDrainerLocked();
+    } catch (...) {
+      hooks_.pop_back();
+      throw;
+    }
+  }
+  return next_hook_++;
+}
+
+void FreeGate::RemoveOpenedHook(uint64_t id) noexcept {
+  tokensel::MutexLock lock(&hooks_mu_);  // a call in progress holds it
+  for (auto it = hooks_.begin(); it != hooks_.end(); ++it) {
+    if (it->first == id) {
+      hooks_.erase(it);
+      return;
+    }
+  }
+}
+
+void FreeGate::RunOpenedHooks() noexcept {
+  {
+    tokensel::MutexLock lock(&list_mu_);
+    if (!opened_) return;
+    opened_ = false;
+  }
+  tokensel::MutexLock lock(&hooks_mu_);
+  for (const auto& [id, hook] : hooks_) {
+    try {
+      hook();
+    } catch (...) {  // a hook must not end the drainer (BlockPool's do not throw)
+    }
   }
 }
 

@@ -56,6 +56,12 @@
 // the memory back. A later Reserve (a new server in the same process:
 // tests) starts the drainer again.
 //
+// Opened hooks (AddOpenedHook): functions the drainer calls each time the
+// gate opens, after the deferred frees, e.g. a BlockPool trimming the idle
+// blocks it kept (and charged) while the gate was closed, which would
+// otherwise wait for that pool's next Release. Never run by the thread that
+// Leaves; a hook checks the gate itself (BeginFree) before it frees.
+//
 // Bounded by construction: whoever makes a resource whose teardown may be
 // deferred first Reserve()s room for its deferral (a mapping opened, a
 // staging allocated: paths that may fail), RESOURCE_EXHAUSTED naming
@@ -79,8 +85,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -158,6 +166,13 @@ class FreeGate {
   // running; returns how many wait.
   size_t AwaitDrained(absl::Duration timeout);
 
+  // Registers `hook` (see above; starts the drainer); the id is for
+  // RemoveOpenedHook, which its owner calls before it ends. May throw
+  // (std::bad_alloc, std::system_error).
+  uint64_t AddOpenedHook(std::function<void()> hook);
+  // Unregisters; waits for a call of it in progress. Never on the drainer.
+  void RemoveOpenedHook(uint64_t id) noexcept;
+
   // Statistics: deferred frees waiting and the bytes they will free; room
   // reserved; frees dropped (no room: a caller bug); deferred frees run.
   size_t deferred() const;
@@ -205,6 +220,14 @@ class FreeGate {
   bool stop_ ABSL_GUARDED_BY(list_mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(list_mu_) = false;  // StopAll: leak, don't queue
   std::thread drainer_ ABSL_GUARDED_BY(list_mu_);
+  // Opened hooks: held while they run (before mu_ and list_mu_).
+  bool opened_ ABSL_GUARDED_BY(list_mu_) = false;  // opened since the hooks last ran
+  mutable tokensel::Mutex hooks_mu_;
+  std::vector<std::pair<uint64_t, std::function<void()>>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
+  uint64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;
+  void RunOpenedHooks() noexcept;
+  // Starts the drainer if none runs (may throw std::system_error).
+  void StartDrainerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
 };
 
 }  // namespace tokensel::core

@@ -24,11 +24,29 @@ MemoryBudget::~MemoryBudget() {
 
 uint64_t MemoryBudget::used_bytes() const {
   tokensel::MutexLock lock(&mu_);
-  return used_;
+  return requests_ + charged_;  // no overflow: charged_ saturates below UINT64_MAX - total
 }
 
-absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view what,
-                                bool pooled) {
+uint64_t MemoryBudget::request_bytes() const {
+  tokensel::MutexLock lock(&mu_);
+  return requests_;
+}
+
+uint64_t MemoryBudget::charged_bytes() const {
+  tokensel::MutexLock lock(&mu_);
+  return charged_;
+}
+
+uint64_t MemoryBudget::charged_bytes(int ordinal) const {
+  tokensel::MutexLock lock(&mu_);
+  return charges_[DeviceSlot(ordinal)];
+}
+
+void MemoryBudget::PublishLocked() {
+  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(requests_ + charged_));
+}
+
+absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view what) {
   // held <= per_request_bytes_ (Grow checks it).
   if (held > per_request_bytes_ || bytes > per_request_bytes_ - held) {
     return absl::ResourceExhaustedError(
@@ -37,37 +55,43 @@ absl::Status MemoryBudget::Take(uint64_t held, uint64_t bytes, absl::string_view
                      per_request_bytes_, " (--max_request_memory_bytes)"));
   }
   tokensel::MutexLock lock(&mu_);
-  // used_ may exceed the total after a WeakCharge (Force). Pooled memory
-  // may reuse charged blocks: only the requests' bytes count (GrowPooled).
-  const uint64_t counted = pooled ? used_ - std::min(charged_, used_) : used_;
-  if (counted > total_bytes_ || bytes > total_bytes_ - counted) {
+  // The requests' bytes only: a device's charge refuses only that device's
+  // new blocks (OverShare), never a request's bytes (memory_budget.h).
+  if (bytes > total_bytes_ - requests_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": needs ", bytes, " bytes of server memory, but requests in flight hold ", used_,
+        what, ": needs ", bytes, " bytes of server memory, but requests in flight hold ", requests_,
         " of the server's ", total_bytes_, " (--memory_budget_bytes); retry later"));
   }
-  used_ += bytes;
-  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+  requests_ += bytes;
+  PublishLocked();
   return absl::OkStatus();
 }
 
 void MemoryBudget::Give(uint64_t bytes) {
   tokensel::MutexLock lock(&mu_);
-  used_ -= std::min(bytes, used_);
-  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+  requests_ -= std::min(bytes, requests_);
+  PublishLocked();
 }
 
-void MemoryBudget::Force(uint64_t bytes) noexcept {
+void MemoryBudget::Force(size_t slot, uint64_t bytes) noexcept {
   tokensel::MutexLock lock(&mu_);
-  used_ = bytes > UINT64_MAX - used_ ? UINT64_MAX : used_ + bytes;
-  charged_ = bytes > UINT64_MAX - charged_ ? UINT64_MAX : charged_ + bytes;
-  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+  // Saturating, below what used_bytes() can add to the requests' total.
+  const uint64_t limit = UINT64_MAX - total_bytes_;
+  charges_[slot] = bytes > limit - std::min(limit, charges_[slot]) ? limit : charges_[slot] + bytes;
+  charged_ = bytes > limit - std::min(limit, charged_) ? limit : charged_ + bytes;
+  PublishLocked();
 }
 
-void MemoryBudget::Uncharge(uint64_t bytes) noexcept {
+void MemoryBudget::Uncharge(size_t slot, uint64_t bytes) noexcept {
   tokensel::MutexLock lock(&mu_);
-  used_ -= std::min(bytes, used_);
+  charges_[slot] -= std::min(bytes, charges_[slot]);
   charged_ -= std::min(bytes, charged_);
-  if (metrics_ != nullptr) metrics_->SetRequestMemory(static_cast<double>(used_));
+  PublishLocked();
+}
+
+bool MemoryBudget::OverShare(size_t slot) const {
+  tokensel::MutexLock lock(&mu_);
+  return charges_[slot] > total_bytes_ - requests_;
 }
 
 MemoryBudget::Reservation::Reservation(Reservation&& other) noexcept
@@ -87,18 +111,9 @@ MemoryBudget::Reservation::~Reservation() {
 }
 
 absl::Status MemoryBudget::Reservation::Grow(uint64_t bytes, absl::string_view what) {
-  return GrowFor(bytes, what, /*pooled=*/false);
-}
-
-absl::Status MemoryBudget::Reservation::GrowPooled(uint64_t bytes, absl::string_view what) {
-  return GrowFor(bytes, what, /*pooled=*/true);
-}
-
-absl::Status MemoryBudget::Reservation::GrowFor(uint64_t bytes, absl::string_view what,
-                                                bool pooled) {
   if (bytes == 0) return absl::OkStatus();
   if (budget_ != nullptr) {
-    absl::Status s = budget_->Take(bytes_, bytes, what, pooled);
+    absl::Status s = budget_->Take(bytes_, bytes, what);
     if (!s.ok()) return s;
   }
   bytes_ = bytes > UINT64_MAX - bytes_ ? UINT64_MAX : bytes_ + bytes;  // saturates unbound
@@ -113,12 +128,15 @@ void MemoryBudget::Reservation::Shrink(uint64_t bytes) {
 }
 
 MemoryBudget::WeakCharge::WeakCharge(WeakCharge&& other) noexcept
-    : anchor_(std::move(other.anchor_)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : anchor_(std::move(other.anchor_)),
+      slot_(other.slot_),
+      bytes_(std::exchange(other.bytes_, 0)) {}
 
 MemoryBudget::WeakCharge& MemoryBudget::WeakCharge::operator=(WeakCharge&& other) noexcept {
   if (this != &other) {
     Set(0);
     anchor_ = std::move(other.anchor_);
+    slot_ = other.slot_;
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
@@ -135,19 +153,18 @@ void MemoryBudget::WeakCharge::Set(uint64_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(anchor_->mu);
   if (anchor_->budget != nullptr) {
     if (bytes > bytes_) {
-      anchor_->budget->Force(bytes - bytes_);
+      anchor_->budget->Force(slot_, bytes - bytes_);
     } else {
-      anchor_->budget->Uncharge(bytes_ - bytes);
+      anchor_->budget->Uncharge(slot_, bytes_ - bytes);
     }
   }
   bytes_ = bytes;
 }
 
-bool MemoryBudget::WeakCharge::OverTotal() const {
+bool MemoryBudget::WeakCharge::OverShare() const {
   if (anchor_ == nullptr) return false;
   std::lock_guard<std::mutex> lock(anchor_->mu);
-  if (anchor_->budget == nullptr) return false;
-  return anchor_->budget->used_bytes() > anchor_->budget->total_bytes();
+  return anchor_->budget != nullptr && anchor_->budget->OverShare(slot_);
 }
 
 }  // namespace tokensel::core

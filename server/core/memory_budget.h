@@ -13,10 +13,36 @@
 //   RETURN_IF_ERROR(r.Grow(staging_bytes, "inputs"));   // before allocating
 //   ...                                                  // released with r
 //
+// Per-device charges (WeakCharge): a device backend's BlockPools keep idle
+// blocks beyond their caps while a stream of their device waits on a
+// client's event (block_pool.h, free_gate.h); those bytes, which no request
+// pays for, are charged to THAT DEVICE's account, apart from the requests'
+// bytes. The rule:
+//  - a reservation (Grow) counts the requests' bytes only: R <= total, and
+//    no charge refuses a request's bytes (inline results, the CPU path,
+//    staging that reuses a charged block);
+//  - a pool of device d allocates a NEW block only while R + C_d <= total
+//    (WeakCharge::OverShare), C_d the charge of d's pools alone: a stuck
+//    client on device k refuses new blocks on k only.
+// The bound it implies: every block a request allocates on d was reserved
+// first, so at each allocation d's blocks in use (bounded by R, up to twice
+// for reused blocks as before) plus C_d are within the total, and between
+// allocations d's pools only shrink: each device's pools hold at most about
+// the total plus their caps, as before. C_d is that device's share: at most
+// the total (plus a request's blocks). Without a closed gate every charge is
+// 0 and nothing changed; with k devices' gates closed the server holds at
+// most R + C_1 + ... + C_k <= (k + 1) x total (plus the caps), not 1 x
+// total as the one shared account did. No per-device rule can do better:
+// the blocks in use when a device's gate closes (up to the total) turn into
+// its charge when released; capping the sum again would let one device's
+// stuck client refuse the others' blocks, which is what this replaces.
+//
 // Thread-safe; a Reservation is used by one thread at a time.
 #ifndef TOKENSEL_SERVER_CORE_MEMORY_BUDGET_H_
 #define TOKENSEL_SERVER_CORE_MEMORY_BUDGET_H_
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
+#include "server/core/device_slot.h"
 
 namespace tokensel::core {
 
@@ -52,17 +79,11 @@ class MemoryBudget {
 
     // Adds `bytes` for `what` (named in the error: "staging for out",
     // "scratch of TopKTokens", ...). RESOURCE_EXHAUSTED, reserving nothing,
-    // when the request or the server would go over its bound.
+    // when the request or the requests together would go over their bound
+    // (the pools' charges are not counted: see above). Memory a device
+    // backend takes from its BlockPools counts the same: reusing a charged
+    // block takes its charge over (the pool gives it back).
     absl::Status Grow(uint64_t bytes, absl::string_view what);
-    // The same for memory a device backend takes from its BlockPools
-    // (staging, scratch: block_pool.h), which may reuse an idle block whose
-    // bytes the pool's WeakCharge holds: the server's bound counts only the
-    // requests' bytes then, not those charges. Reusing a charged block
-    // takes over its charge (the pool gives it back), so reuse never fails
-    // because of the pools' own charge; a pool allocates a NEW block only
-    // while the budget, charges included, is within its total
-    // (WeakCharge::OverTotal), so the charges still cap what is allocated.
-    absl::Status GrowPooled(uint64_t bytes, absl::string_view what);
     // Gives `bytes` (at most what is held) back.
     void Shrink(uint64_t bytes);
     uint64_t bytes() const { return bytes_; }
@@ -72,7 +93,6 @@ class MemoryBudget {
    private:
     friend class MemoryBudget;
     explicit Reservation(MemoryBudget* budget) : budget_(budget) {}
-    absl::Status GrowFor(uint64_t bytes, absl::string_view what, bool pooled);
     MemoryBudget* budget_ = nullptr;
     uint64_t bytes_ = 0;
   };
@@ -85,12 +105,12 @@ class MemoryBudget {
 
  public:
   // Memory that exists already and cannot be returned now (a BlockPool's
-  // idle blocks beyond its cap while frees wait, block_pool.h), charged
-  // even beyond the bounds: until it is given back every Grow finds that
-  // much less room (and fails while the server is over its bound). Weak:
-  // it may outlive its budget (a pool destroyed after it: tests, tools),
-  // and then charges and gives back nothing. Never throws. Used by one
-  // thread at a time.
+  // idle blocks beyond its cap while frees wait, block_pool.h), charged to
+  // one device's account even beyond the bounds: until it is given back
+  // that device's pools find that much less room for new blocks (OverShare;
+  // requests' bytes do not see it, see above). Weak: it may outlive its
+  // budget (a pool destroyed after it: tests, tools), and then charges and
+  // gives back nothing. Never throws. Used by one thread at a time.
   class WeakCharge {
    public:
     WeakCharge() = default;  // tied to no budget: charges nothing
@@ -102,32 +122,43 @@ class MemoryBudget {
 
     // The charge becomes `bytes` (grown past the bounds, or shrunk).
     void Set(uint64_t bytes) noexcept;
-    // Whether the budget holds more than its total, charges included (a
-    // pool must not allocate then, see GrowPooled); false when tied to no
+    // Whether the requests' bytes plus the charge of this charge's device
+    // (every WeakCharge of it) exceed the total: a pool of the device must
+    // not allocate a new block then (see above); false when tied to no
     // budget.
-    bool OverTotal() const;
+    bool OverShare() const;
     uint64_t bytes() const { return bytes_; }
 
    private:
     friend class MemoryBudget;
-    explicit WeakCharge(std::shared_ptr<Anchor> anchor) : anchor_(std::move(anchor)) {}
+    WeakCharge(std::shared_ptr<Anchor> anchor, size_t slot)
+        : anchor_(std::move(anchor)), slot_(slot) {}
     std::shared_ptr<Anchor> anchor_;
+    size_t slot_ = 0;
     uint64_t bytes_ = 0;
   };
-  // A new, empty charge (never fails).
-  WeakCharge OpenWeakCharge() { return WeakCharge(anchor_); }
+  // A new, empty charge on device `ordinal`'s account (never fails). One
+  // account per device slot (device_slot.h: the ordinals beyond 63 share
+  // one, as their FreeGate).
+  WeakCharge OpenWeakCharge(int ordinal) { return WeakCharge(anchor_, DeviceSlot(ordinal)); }
 
   uint64_t total_bytes() const { return total_bytes_; }
   uint64_t per_request_bytes() const { return per_request_bytes_; }
+  // The requests' bytes plus every charge (the tokensel_request_memory_bytes
+  // gauge).
   uint64_t used_bytes() const;
+  uint64_t request_bytes() const;             // the requests' alone
+  uint64_t charged_bytes() const;             // every device's charges
+  uint64_t charged_bytes(int ordinal) const;  // device `ordinal`'s account
 
  private:
-  // `pooled`: the server's bound counts the requests' bytes only (GrowPooled).
-  absl::Status Take(uint64_t held, uint64_t bytes, absl::string_view what, bool pooled = false);
+  absl::Status Take(uint64_t held, uint64_t bytes, absl::string_view what);
   void Give(uint64_t bytes);
-  // A WeakCharge's bytes, added / given back (counted in used_ and charged_).
-  void Force(uint64_t bytes) noexcept;
-  void Uncharge(uint64_t bytes) noexcept;
+  // A WeakCharge's bytes on account `slot`, added / given back.
+  void Force(size_t slot, uint64_t bytes) noexcept;
+  void Uncharge(size_t slot, uint64_t bytes) noexcept;
+  bool OverShare(size_t slot) const;
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // What a WeakCharge reaches its budget through; null once it is gone.
   struct Anchor {
@@ -140,8 +171,9 @@ class MemoryBudget {
   ServiceMetrics* const metrics_;
   const std::shared_ptr<Anchor> anchor_;
   mutable tokensel::Mutex mu_;
-  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;     // requests and charges
-  uint64_t charged_ ABSL_GUARDED_BY(mu_) = 0;  // of which WeakCharges
+  uint64_t requests_ ABSL_GUARDED_BY(mu_) = 0;                         // Reservations' bytes
+  uint64_t charged_ ABSL_GUARDED_BY(mu_) = 0;                          // every account's
+  std::array<uint64_t, kDeviceSlots> charges_ ABSL_GUARDED_BY(mu_){};  // per account
 };
 
 }  // namespace tokensel::core

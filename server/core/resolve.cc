@@ -306,8 +306,9 @@ absl::StatusOr<RequestLease::Staged> Resolver::Stage(absl::string_view field, St
   }
   if (memory_ != nullptr) {
     const uint64_t cost = lease_->StagingCost(bytes);
-    // Pooled on a device backend: may reuse a charged idle block (memory_budget.h).
-    RETURN_IF_ERROR(memory_->GrowPooled(cost, absl::StrCat("staging for ", field)));
+    // Pooled on a device backend: may reuse a charged idle block, whose
+    // charge the request takes over (memory_budget.h).
+    RETURN_IF_ERROR(memory_->Grow(cost, absl::StrCat("staging for ", field)));
     staged_bytes_ += cost;
   }
   // The kind is explicit: an empty inline input (a default string_view) has

@@ -29,6 +29,10 @@
 namespace tokensel::memory {
 namespace {
 
+// A device's mapped bytes are counted in the slot of its FreeGate, whose
+// deferred teardowns hold them (device_slot.h).
+static_assert(core::kMaxSlotDevices == core::FreeGate::kMaxDevices);
+
 using Result = CudaVmmDriver::Result;
 using Handle = CudaVmmDriver::Handle;
 
@@ -51,8 +55,8 @@ bool UndoLater(void* m, intptr_t /*unused*/) {
 // cuMemUnmap / cuMemAddressFree / cuMemRelease may synchronize the device,
 // so through the device's FreeGate (server/core/free_gate.h): queued for
 // the gate's drainer, which runs it while no stream of that device waits on
-// a client's event (its bytes stay counted against max_mapped_bytes until
-// then). `gate` holds a reservation for it, which the entry consumes. The
+// a client's event (its bytes stay counted against the device's cap on mapped
+// bytes until then). `gate` holds a reservation for it, which the entry consumes. The
 // mapping was allocated when its Map began, so this allocates nothing: no
 // out-of-memory path can undo it here, on this thread, past a closed gate.
 void UndoThroughGate(std::unique_ptr<VmmMapping> m, core::FreeGate& gate) noexcept {
@@ -94,8 +98,8 @@ class VmmRegion final : public core::MappedRegion {
     mapping_ = pending->Release();
   }
   // Through the device's FreeGate (UndoThroughGate; a stuck wait on another
-  // device does not hold it back). Its bytes stay counted against
-  // max_mapped_bytes until then, and its reservation of the gate's room too
+  // device does not hold it back). Its bytes stay counted against its
+  // device's cap on mapped bytes until then, and its reservation of the gate's room too
   // (both bound what a client can leave pending). The driver outlives the
   // deferral (the real one is never destroyed).
   ~VmmRegion() override { UndoThroughGate(std::move(mapping_), *gate_); }
@@ -264,7 +268,16 @@ absl::Status CheckVmmDescriptor(const struct stat& st, unsigned nvidia_major) {
 CudaVmmMapper::CudaVmmMapper(CudaVmmDriver* driver, CudaVmmMapperOptions options)
     : driver_(driver),
       options_(std::move(options)),
-      mapped_bytes_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+      mapped_bytes_(std::make_shared<std::array<std::atomic<uint64_t>, core::kDeviceSlots>>()) {}
+
+uint64_t CudaVmmMapper::CapOf(const VmmDevice& d) const {
+  const uint64_t multiple = options_.mapped_device_memory_multiple;
+  uint64_t by_memory = UINT64_MAX;
+  if (multiple != 0 && d.total_memory_bytes <= UINT64_MAX / multiple) {
+    by_memory = multiple * d.total_memory_bytes;
+  }
+  return std::min(options_.max_mapped_bytes_per_device, by_memory);
+}
 
 absl::StatusOr<core::FdInfo> CudaVmmMapper::Inspect(int fd) const {
   RETURN_IF_ERROR(driver_->Available());
@@ -397,20 +410,25 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   }
   const uint64_t length = m.length;
 
-  // The cap on mapped bytes (the whole reservation), counted before
-  // anything is reserved.
-  uint64_t now = mapped_bytes_->load();
+  // The device's cap on mapped bytes (the whole reservation), counted
+  // before anything is reserved, in the device's own share: a teardown
+  // deferred behind a stuck wait on another device (its bytes counted
+  // until it ran) does not refuse this one (cuda_vmm_mapper.h).
+  const uint64_t cap = CapOf(*device);
+  std::atomic<uint64_t>& counter = (*mapped_bytes_)[core::DeviceSlot(device->ordinal)];
+  uint64_t now = counter.load();
   do {
-    if (length > options_.max_mapped_bytes || now > options_.max_mapped_bytes - length) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cuda_vmm: mapping ", length, " more bytes (fd.offset + fd.size = ", end,
-                       multi ? absl::StrCat(", ", pieces.size(), " fd.segments")
-                             : absl::StrCat(", fd.allocation_size ", declared_total),
-                       ") would pass the server's cap of ", options_.max_mapped_bytes,
-                       " mapped VMM bytes (", now, " mapped now)"));
+    if (length > cap || now > cap - length) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda_vmm: mapping ", length, " more bytes (fd.offset + fd.size = ", end,
+          multi ? absl::StrCat(", ", pieces.size(), " fd.segments")
+                : absl::StrCat(", fd.allocation_size ", declared_total),
+          ") would pass the server's cap of ", cap, " mapped VMM bytes on device ", device->uuid,
+          " (", now, " mapped now, teardowns still waiting for the device included)"));
     }
-  } while (!mapped_bytes_->compare_exchange_weak(now, now + length));
-  m.counted = mapped_bytes_;
+  } while (!counter.compare_exchange_weak(now, now + length));
+  // The slot's counter, kept alive by the array it is part of.
+  m.counted = std::shared_ptr<std::atomic<uint64_t>>(mapped_bytes_, &counter);
   m.counted_bytes = length;
 
   const int ordinal = device->ordinal;

@@ -59,7 +59,7 @@
 // mapped whole at the sum of the sizes before it, and one cuMemSetAccess
 // covers the whole range. An allocation smaller than its stated size is
 // refused by cuMemMap (INVALID_ARGUMENT naming fd.segments[i]). The cap on
-// mapped bytes counts the sum. Errors name fd.segments[i] and the value.
+// mapped bytes (per device) counts the sum. Errors name fd.segments[i] and the value.
 // Teardown (cuda_vmm_mapping.h, one function for every path): unmap the
 // mapped allocations last first, free the reservation, release the
 // imported handles last first.
@@ -81,7 +81,8 @@
 // FAILED_PRECONDITION (no CUDA / no device; device_uuid not one of the
 // backend's devices or not visible; the
 // allocation on another device, or in host memory), RESOURCE_EXHAUSTED (the
-// driver is out of memory or address space; max_mapped_bytes; the device's
+// driver is out of memory or address space; the device's cap on mapped
+// bytes, max_mapped_bytes_per_device / mapped_device_memory_multiple; the device's
 // FreeGate room, server/core/free_gate.h: mappings live or waiting for their
 // deferred teardown, or more than its max_deferred_bytes waiting), INTERNAL
 // (other driver errors,
@@ -89,13 +90,14 @@
 //
 // The driver is reached through CudaVmmDriver (cuda_vmm_driver.h), so the
 // sequence and its cleanup are unit-tested with a fake driver. Thread-safe:
-// its one mutable state is the atomic count of mapped bytes (the driver's
-// calls are thread-safe).
+// its one mutable state is the atomic counts of mapped bytes, one per device
+// slot (server/core/device_slot.h; the driver's calls are thread-safe).
 #ifndef TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
 #define TOKENSEL_SERVER_MEMORY_CUDA_VMM_MAPPER_H_
 
 #include <sys/stat.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -103,6 +105,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/core/device_slot.h"
 #include "server/core/region.h"
 #include "server/memory/cuda_vmm_driver.h"
 
@@ -123,12 +126,21 @@ struct CudaVmmMapperOptions {
   // server must not create a context on, and map memory of, a GPU its
   // backend does not use.
   std::vector<std::string> device_uuids;
-  // Cap on the bytes mapped at once by this mapper (the sum of the mapped
-  // lengths L of its live regions; buffer quotas count buffers, not bytes,
-  // and each mapping costs page tables in device memory). A Map that would
-  // pass it is RESOURCE_EXHAUSTED naming both, before any driver call that
-  // acquires anything. The server sets 4x the backend's device memory.
-  uint64_t max_mapped_bytes = UINT64_MAX;
+  // Cap on the bytes mapped at once on ONE device (buffer quotas count
+  // buffers, not bytes, and each mapping costs page tables in device
+  // memory): the sum of the mapped lengths L of the device's live regions
+  // and of its teardowns still deferred (their bytes stay counted until
+  // they ran, free_gate.h). Per device: register / unregister churn behind
+  // a stuck client wait on device k fills k's share only, never another
+  // device's. A device's cap is the lesser of max_mapped_bytes_per_device
+  // and mapped_device_memory_multiple x its memory (0: no such cap); the
+  // mapper maps at most the sum of its devices' caps. A Map that would
+  // pass its device's cap is RESOURCE_EXHAUSTED naming both and the
+  // device, before any driver call that acquires anything. The server sets
+  // the multiple to 4 (4x each device's memory: in sum what one cap of 4x
+  // the backend's memory was).
+  uint64_t max_mapped_bytes_per_device = UINT64_MAX;
+  uint64_t mapped_device_memory_multiple = 0;
   // For tests (which cannot make an NVIDIA descriptor).
   unsigned nvidia_major = kNvidiaDeviceMajor;
 };
@@ -144,8 +156,11 @@ class CudaVmmMapper final : public core::RegionMapper {
  private:
   CudaVmmDriver* const driver_;
   const CudaVmmMapperOptions options_;
-  // Bytes mapped by live regions (shared: a region may outlive the mapper).
-  std::shared_ptr<std::atomic<uint64_t>> mapped_bytes_;
+  // Bytes mapped by live regions and pending teardowns, per device slot
+  // (shared: a region may outlive the mapper).
+  std::shared_ptr<std::array<std::atomic<uint64_t>, core::kDeviceSlots>> mapped_bytes_;
+  // The cap on device `d` (see CudaVmmMapperOptions).
+  uint64_t CapOf(const VmmDevice& d) const;
 };
 
 // The mapper over the process's real driver (a build without CUDA: every

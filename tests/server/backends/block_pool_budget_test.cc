@@ -1,5 +1,6 @@
 // The BlockPool's charge of idle bytes beyond its cap while its FreeGate is
-// closed (block_pool.h): paid by the MemoryBudget, weakly (a budget that
+// closed (block_pool.h): paid by the MemoryBudget, on the pool's device's
+// account (more in block_pool_share_test.cc), weakly (a budget that
 // ends first is not touched); abandoned blocks; the gated statistic.
 #include <cstdint>
 #include <cstdlib>
@@ -27,7 +28,7 @@ TEST(BlockPoolTest, IdleBytesBeyondTheCapAreChargedToTheBudgetWhileTheGateIsClos
   FreeGate gate;
   MemoryBudget budget(size_t{1} << 20, size_t{1} << 20, nullptr);
   CountingPool p("pool", 1024, 8192, nullptr, &gate);
-  p.pool.AttachBudget(&budget);
+  p.pool.AttachBudget(&budget, 0);
   gate.Enter();
   std::vector<BlockPool::Block> blocks;
   for (size_t kb : {4, 8, 16}) blocks.push_back(*p.pool.Acquire(kb * 1024));
@@ -38,73 +39,81 @@ TEST(BlockPoolTest, IdleBytesBeyondTheCapAreChargedToTheBudgetWhileTheGateIsClos
   EXPECT_EQ(p.pool.cached_bytes(), size_t{28} << 10);
   EXPECT_EQ(p.pool.charged_bytes(), uint64_t{20} << 10);
   EXPECT_EQ(budget.used_bytes(), uint64_t{20} << 10);
-  // Requests find that much less room.
+  EXPECT_EQ(budget.charged_bytes(0), uint64_t{20} << 10);
+  // The requests' bytes do not see it (memory_budget.h); a new block on
+  // the device does: the requests' bytes plus its charge would pass the
+  // total.
   MemoryBudget::Reservation r = budget.Open();
-  EXPECT_THAT(r.Grow((uint64_t{1} << 20) - (uint64_t{20} << 10) + 1, "staging for x"),
-              StatusIs(StatusCode::kResourceExhausted, "--memory_budget_bytes"));
+  ASSERT_OK(r.Grow((uint64_t{1} << 20) - (uint64_t{16} << 10), "staging for x"));
+  EXPECT_THAT(p.pool.Acquire(32 << 10).status(),
+              StatusIs(StatusCode::kResourceExhausted, "over the server's memory budget total"));
+  r = MemoryBudget::Reservation();
   // A reused block is the request's again: the charge shrinks.
   absl::StatusOr<BlockPool::Block> again = p.pool.Acquire(16 << 10);
   ASSERT_OK(again);
   EXPECT_EQ(p.pool.charged_bytes(), uint64_t{4} << 10);
   p.pool.Release(*again);
   EXPECT_EQ(budget.used_bytes(), uint64_t{20} << 10);
-  // The gate opens: the next release trims, and the charge goes.
+  // The gate opens: its opened hook or the next release trims (whichever
+  // comes first), and the charge goes.
   gate.Leave();
   again = p.pool.Acquire(1024);
   ASSERT_OK(again);
   p.pool.Release(*again);
-  EXPECT_GT(p.frees, 0);
+  EXPECT_GT(p.pool.frees(), 0);
   EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
   EXPECT_EQ(p.pool.charged_bytes(), 0u);
   EXPECT_EQ(budget.used_bytes(), 0u);
 }
 
-TEST(BlockPoolTest, AChargeBeyondTheBudgetRefusesEveryRequestUntilFreed) {
+TEST(BlockPoolTest, AChargeBeyondTheTotalRefusesNewBlocksOnItsDeviceUntilFreed) {
   FreeGate gate;
   MemoryBudget budget(16 << 10, 16 << 10, nullptr);
   CountingPool p("pool", 1024, 0, nullptr, &gate);
-  p.pool.AttachBudget(&budget);
+  p.pool.AttachBudget(&budget, 0);
   gate.Enter();
   absl::StatusOr<BlockPool::Block> b = p.pool.Acquire(32 << 10);
   ASSERT_OK(b);
   p.pool.Release(*b);
-  // Beyond the total (the memory exists): no request gets a byte.
+  // Beyond the total (the memory exists): no new block on the device; a
+  // request's own bytes are still granted.
   EXPECT_EQ(budget.used_bytes(), uint64_t{32} << 10);
   MemoryBudget::Reservation r = budget.Open();
-  EXPECT_THAT(r.Grow(1, "staging for x"), StatusIs(StatusCode::kResourceExhausted));
+  ASSERT_OK(r.Grow(1024, "staging for x"));
+  EXPECT_THAT(p.pool.Acquire(1024).status(),
+              StatusIs(StatusCode::kResourceExhausted, "--memory_budget_bytes"));
   gate.Leave();
-  b = p.pool.Acquire(1024);  // not reused (32 KiB > 2 x 1 KiB): a new block
+  b = p.pool.Acquire(1024);  // the charged block is freed first (if the hook did not yet)
   ASSERT_OK(b);
   p.pool.Release(*b);
-  EXPECT_EQ(budget.used_bytes(), 0u);
-  EXPECT_OK(r.Grow(1, "staging for x"));
+  EXPECT_EQ(budget.used_bytes(), 1024u);
+  EXPECT_EQ(budget.charged_bytes(), 0u);
   // Detached: nothing stays charged to a budget about to end.
-  p.pool.AttachBudget(nullptr);
+  p.pool.AttachBudget(nullptr, 0);
 }
 
 // The review's item 2: a request whose pooled bytes would reuse an idle
-// block the pool charged takes over its charge: reserved with GrowPooled,
-// which does not count the pools' charges, so the reuse never fails
-// because of them; a NEW block is still refused while the budget, charges
-// included, is over its total (count-and-cap).
+// block the pool charged takes over its charge: its reservation does not
+// count the pools' charges (none does since the per-device shares,
+// memory_budget.h), so the reuse never fails because of them; a NEW block
+// is still refused while the requests' bytes plus the device's charge are
+// over the total (count-and-cap).
 TEST(BlockPoolTest, ReusingAChargedBlockTakesOverItsCharge) {
   FreeGate gate;
   MemoryBudget budget(16 << 10, 16 << 10, nullptr);
   CountingPool p("pool", 1024, 0, nullptr, &gate);
-  p.pool.AttachBudget(&budget);
+  p.pool.AttachBudget(&budget, 0);
   gate.Enter();
   absl::StatusOr<BlockPool::Block> b = p.pool.Acquire(8 << 10);
   ASSERT_OK(b);
   p.pool.Release(*b);
   EXPECT_EQ(p.pool.charged_bytes(), uint64_t{8} << 10);
   MemoryBudget::Reservation r = budget.Open();
-  // Strict bytes (a reply's inline results) still see the charge.
-  EXPECT_THAT(r.Grow(12 << 10, "inline results"), StatusIs(StatusCode::kResourceExhausted));
-  ASSERT_OK(r.GrowPooled(12 << 10, "staging for x"));
+  ASSERT_OK(r.Grow(12 << 10, "staging for x"));
   EXPECT_EQ(budget.used_bytes(), uint64_t{20} << 10);  // over the total until taken over
   // A new block now would pass the total: refused.
   EXPECT_THAT(p.pool.Acquire(12 << 10).status(),
-              StatusIs(StatusCode::kResourceExhausted, "over its total"));
+              StatusIs(StatusCode::kResourceExhausted, "--memory_budget_bytes"));
   EXPECT_EQ(p.mallocs, 1);
   // The charged block is reused: its charge is the request's now.
   absl::StatusOr<BlockPool::Block> again = p.pool.Acquire(8 << 10);
@@ -124,7 +133,7 @@ TEST(BlockPoolTest, ReusingAChargedBlockTakesOverItsCharge) {
   p.pool.Release(*last);
   EXPECT_EQ(p.pool.charged_bytes(), 0u);
   EXPECT_EQ(budget.used_bytes(), 0u);
-  p.pool.AttachBudget(nullptr);
+  p.pool.AttachBudget(nullptr, 0);
 }
 
 // The review's item 14: a pool that outlives its budget (tests, tools:
@@ -137,7 +146,7 @@ TEST(BlockPoolTest, APoolThatOutlivesItsBudgetLeavesItAlone) {
   auto* budget = new (storage) MemoryBudget(1 << 20, 1 << 20, nullptr);
   {
     CountingPool p("pool", 1024, 0, nullptr, &gate);
-    p.pool.AttachBudget(budget);
+    p.pool.AttachBudget(budget, 0);
     gate.Enter();
     absl::StatusOr<BlockPool::Block> b = p.pool.Acquire(4096);
     ASSERT_OK(b);

@@ -1,15 +1,18 @@
 // CountingPool: a BlockPool over malloc that counts allocations and frees
 // (new blocks are filled with 0xAB, stale bytes as a reused block has) and
-// can fail; LeasePools: the three pools of a StreamLease over it. Used with
+// can fail (thread-safe: a pool's opened hook trims on its gate's drainer,
+// block_pool.h); LeasePools: the three pools of a StreamLease over it. Used with
 // FakeStreamDevice (fake_stream_device.h).
 #ifndef TOKENSEL_TESTS_SERVER_BACKENDS_COUNTING_POOL_H_
 #define TOKENSEL_TESTS_SERVER_BACKENDS_COUNTING_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -51,11 +54,13 @@ struct CountingPool {
               ++mallocs;
               void* p = std::malloc(bytes);
               std::memset(p, 0xAB, bytes);  // stale bytes, as a reused block has
+              std::lock_guard<std::mutex> lock(mu);
               sizes[p] = bytes;
               return p;
             },
             [this](void* p) {
               ++frees;
+              std::lock_guard<std::mutex> lock(mu);
               if (log != nullptr) {
                 log->push_back(Call{"release", nullptr});
                 std::memset(p, 0xAB, sizes[p]);
@@ -69,10 +74,11 @@ struct CountingPool {
               sizes.erase(p);
             },
             gate) {}
-  int mallocs = 0;
-  int frees = 0;
-  bool fail = false;
+  std::atomic<int> mallocs{0};
+  std::atomic<int> frees{0};
+  std::atomic<bool> fail{false};
   std::vector<Call>* const log;
+  std::mutex mu;  // guards sizes, quarantine and the log's pushes
   std::map<void*, size_t> sizes;
   std::vector<std::unique_ptr<void, decltype(&std::free)>> quarantine;
   BlockPool pool;  // last: destroyed first, while the above still exist

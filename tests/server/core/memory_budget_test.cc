@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/core/device_slot.h"
 #include "server/core/service_metrics.h"
 #include "tests/server/core/metric_reader.h"
 #include "tests/testing/status_matchers.h"
@@ -70,6 +71,45 @@ TEST(MemoryBudgetTest, ConcurrentReservationsNeverExceedTheTotal) {
   for (auto& t : threads) t.join();
   EXPECT_LE(peak.load(), uint64_t{1} << 20);
   EXPECT_EQ(budget.used_bytes(), 0u);
+}
+
+// Per-device charge accounts (memory_budget.h): a charge, even beyond the
+// total, is seen only by its own device's OverShare, never by a request's
+// bytes; ordinals past the slots share one account; a charge given back
+// leaves nothing.
+TEST(MemoryBudgetTest, ChargesArePerDeviceAndApartFromTheRequests) {
+  ServiceMetrics metrics("test", "cpu");
+  MemoryBudget budget(/*total=*/1000, /*per_request=*/1000, &metrics);
+  MemoryBudget::WeakCharge k = budget.OpenWeakCharge(1);
+  MemoryBudget::WeakCharge j = budget.OpenWeakCharge(0);
+  k.Set(5000);  // far beyond the total: the memory exists
+  EXPECT_TRUE(k.OverShare());
+  EXPECT_FALSE(j.OverShare());
+  MemoryBudget::Reservation r = budget.Open();
+  ASSERT_OK(r.Grow(1000, "inline results"));  // the whole total
+  EXPECT_FALSE(j.OverShare());                // at the total, not over it
+  MemoryBudget::Reservation other = budget.Open();
+  EXPECT_THAT(other.Grow(1, "inline results"),
+              StatusIs(absl::StatusCode::kResourceExhausted, "hold 1000 of the server's 1000"));
+  j.Set(1);
+  EXPECT_TRUE(j.OverShare());
+  EXPECT_EQ(budget.request_bytes(), 1000u);
+  EXPECT_EQ(budget.charged_bytes(), 5001u);
+  EXPECT_EQ(budget.charged_bytes(1), 5000u);
+  EXPECT_EQ(budget.used_bytes(), 6001u);
+  // Ordinals beyond the slots share the last account.
+  MemoryBudget::WeakCharge far = budget.OpenWeakCharge(kMaxSlotDevices);
+  MemoryBudget::WeakCharge farther = budget.OpenWeakCharge(kMaxSlotDevices + 7);
+  far.Set(3);
+  EXPECT_EQ(budget.charged_bytes(kMaxSlotDevices + 7), 3u);
+  EXPECT_TRUE(farther.OverShare());  // far's charge, with the requests at the total
+  far.Set(0);
+  EXPECT_FALSE(farther.OverShare());
+  k.Set(0);
+  j = MemoryBudget::WeakCharge();  // gives its charge back
+  r = MemoryBudget::Reservation();
+  EXPECT_EQ(budget.used_bytes(), 0u);
+  EXPECT_EQ(budget.charged_bytes(), 0u);
 }
 
 }  // namespace

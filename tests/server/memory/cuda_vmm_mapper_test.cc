@@ -64,16 +64,9 @@ class CudaVmmMapperTest : public ::testing::Test {
   // bytes on device `ordinal`.
   core::FdRegionSpec Allocation(uint64_t size, int ordinal, uint64_t offset, uint64_t length,
                                 const std::string& uuid) {
-    const int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    EXPECT_GE(fd, 0);
-    FakeDriver::Allocation a;
-    a.size = size;
-    a.location.on_device = ordinal >= 0;
-    a.location.type = ordinal >= 0 ? 1 : 2;
-    a.location.ordinal = ordinal;
-    driver_.allocations[fd] = a;
     core::FdRegionSpec spec;
-    spec.fd = std::make_shared<const UniqueFd>(fd);
+    spec.fd = driver_.AddAllocation(size, ordinal);
+    EXPECT_GE(spec.fd->get(), 0);
     spec.kind = core::FdKind::kCudaVmm;
     spec.offset = offset;
     spec.size = length;
@@ -425,7 +418,7 @@ TEST_F(CudaVmmMapperTest, AStatedAllocationSizeIsMappedWhole) {
 // failed Map gives its bytes back, and so does a destroyed region.
 TEST_F(CudaVmmMapperTest, MappedBytesAreCapped) {
   CudaVmmMapperOptions capped = Options();
-  capped.max_mapped_bytes = 10 * kMiB;
+  capped.max_mapped_bytes_per_device = 10 * kMiB;
   CudaVmmMapper mapper(&driver_, capped);
   auto a = mapper.Map(Allocation(8 * kMiB, 0, 0, 3 * kMiB, kGpu0));  // maps 4 MiB
   ASSERT_TRUE(a.ok()) << a.status();
@@ -436,7 +429,8 @@ TEST_F(CudaVmmMapperTest, MappedBytesAreCapped) {
               StatusIs(StatusCode::kResourceExhausted,
                        "mapping 8388608 more bytes (fd.offset + fd.size = 1048576, "
                        "fd.allocation_size 8388608) would pass the server's cap of 10485760 "
-                       "mapped VMM bytes (4194304 mapped now)"));
+                       "mapped VMM bytes on device GPU-00000000-0000-0000-0000-00000000000a "
+                       "(4194304 mapped now"));
   EXPECT_THAT(driver_.calls, ::testing::Not(::testing::Contains("reserve")));
   AwaitVmmTeardowns();  // its imports' release, queued, before the driver is told to fail
   EXPECT_EQ(driver_.mapped.size(), 1u);

@@ -48,21 +48,15 @@ class CudaVmmSegmentsTest : public ::testing::Test {
     struct stat st;
     EXPECT_EQ(stat("/dev/null", &st), 0);
     options.nvidia_major = major(st.st_rdev);
-    options.max_mapped_bytes = cap;
+    options.max_mapped_bytes_per_device = cap;
     return options;
   }
 
   // A "VMM descriptor" for an allocation of `size` bytes on `ordinal`.
   core::VmmSegmentSpec Segment(uint64_t size, uint64_t declared, int ordinal = 0) {
-    const int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    EXPECT_GE(fd, 0);
-    FakeDriver::Allocation a;
-    a.size = size;
-    a.location.on_device = true;
-    a.location.type = 1;
-    a.location.ordinal = ordinal;
-    driver_.allocations[fd] = a;
-    return core::VmmSegmentSpec{std::make_shared<const UniqueFd>(fd), declared};
+    core::VmmSegmentSpec segment{driver_.AddAllocation(size, ordinal), declared};
+    EXPECT_GE(segment.fd->get(), 0);
+    return segment;
   }
 
   // A buffer over allocations of `sizes` (each stated exactly) on GPU 0.
@@ -298,7 +292,7 @@ TEST_F(CudaVmmSegmentsTest, TheCapCountsEverySegment) {
   auto a = mapper.Map(Spec({20 * kMiB, 20 * kMiB}, 0, kMiB));  // 40 of 50
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(mapper.Map(Spec({6 * kMiB, 6 * kMiB}, 0, kMiB)),
-              StatusIs(StatusCode::kResourceExhausted, "(41943040 mapped now)"));
+              StatusIs(StatusCode::kResourceExhausted, "(41943040 mapped now"));
   auto b = mapper.Map(Spec({6 * kMiB, 4 * kMiB}, 0, kMiB));  // 50 of 50
   ASSERT_TRUE(b.ok()) << b.status();
   a->reset();  // gives back all 40 (once its teardown ran)

@@ -11,15 +11,19 @@
 #ifndef TOKENSEL_TESTS_SERVER_MEMORY_FAKE_CUDA_VMM_DRIVER_H_
 #define TOKENSEL_TESTS_SERVER_MEMORY_FAKE_CUDA_VMM_DRIVER_H_
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
 #include "server/core/free_gate.h"
 #include "server/memory/cuda_vmm_driver.h"
 
@@ -178,6 +182,19 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
   uint64_t granularity = kGranularity;
   bool refuse_partial = false;
   std::map<int, Allocation> allocations;  // by descriptor number
+  // A "VMM descriptor" (/dev/null, which the tests tell the mapper is
+  // NVIDIA's) standing for an allocation of `size` bytes on device
+  // `ordinal` (< 0: host memory).
+  std::shared_ptr<const UniqueFd> AddAllocation(uint64_t size, int ordinal) {
+    const int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    Allocation a;
+    a.size = size;
+    a.location.on_device = ordinal >= 0;
+    a.location.type = ordinal >= 0 ? 1 : 2;
+    a.location.ordinal = ordinal;
+    if (fd >= 0) allocations[fd] = a;
+    return std::make_shared<const UniqueFd>(fd);
+  }
   Step fail_at = kNone;
   int fail_skip = -1;  // < 0: every call
   std::map<Step, int> seen;

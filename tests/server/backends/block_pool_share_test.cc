@@ -1,0 +1,153 @@
+// The pools' charges are per device (memory_budget.h, block_pool.h): a pool
+// kept from trimming by a stuck client wait on its device charges that
+// device's share only, so it refuses nothing on another device nor a
+// request's own bytes (a reply's inline results); and a gate that opens
+// gives its pools' charges back at once, on the gate's drainer (the fifth
+// review's items "charges are global" and "charges are not released when a
+// gate opens").
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/backends/block_pool.h"
+#include "server/core/free_gate.h"
+#include "server/core/memory_budget.h"
+#include "tests/server/backends/counting_pool.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tokensel::testing {
+namespace {
+
+using ::absl::StatusCode;
+using backends::BlockPool;
+using core::FreeGate;
+using core::MemoryBudget;
+
+constexpr uint64_t kKiB = 1024;
+
+// A request on the pool: reserves the block's bytes first (as the executor
+// does), then takes a block and gives it back; the reservation ends.
+absl::Status UseOnce(MemoryBudget& budget, BlockPool& pool, size_t bytes) {
+  MemoryBudget::Reservation r = budget.Open();
+  absl::Status s = r.Grow(pool.AllocationBytes(bytes), "staging for x");
+  if (!s.ok()) return s;
+  absl::StatusOr<BlockPool::Block> b = pool.Acquire(bytes);
+  if (!b.ok()) return b.status();
+  pool.Release(*b);
+  return absl::OkStatus();
+}
+
+// Device k's client is stuck (its gate closed): requests of growing sizes
+// there each leave a block idle beyond the cap, charged to k. Device j, the
+// CPU path's inline results: nothing of k's charge refuses them. k's own
+// growth stops at its share: its pools allocate a new block only while the
+// requests' bytes plus k's charge are within the total.
+TEST(BlockPoolShareTest, AChargedPoolOnOneDeviceRefusesNothingOnAnother) {
+  FreeGate gate_k;
+  FreeGate gate_j;
+  MemoryBudget budget(64 * kKiB, 64 * kKiB, nullptr);
+  CountingPool k("k", 1024, 0, nullptr, &gate_k);
+  CountingPool j("j", 1024, 0, nullptr, &gate_j);
+  k.pool.AttachBudget(&budget, 1);
+  j.pool.AttachBudget(&budget, 0);
+  gate_k.Enter();
+  for (size_t kib : {8, 16, 32}) ASSERT_OK(UseOnce(budget, k.pool, kib * kKiB));
+  EXPECT_EQ(k.pool.charged_bytes(), 56 * kKiB);
+  EXPECT_EQ(budget.charged_bytes(1), 56 * kKiB);
+  EXPECT_EQ(budget.charged_bytes(0), 0u);
+  EXPECT_EQ(budget.request_bytes(), 0u);
+  // k's share is used up: 48 KiB of requests + 56 KiB charged > 64 KiB.
+  EXPECT_THAT(UseOnce(budget, k.pool, 48 * kKiB),
+              StatusIs(StatusCode::kResourceExhausted, "over the server's memory budget total"));
+  EXPECT_EQ(k.mallocs, 3);
+  // A reused block is still fine there (the request takes its charge over).
+  ASSERT_OK(UseOnce(budget, k.pool, 32 * kKiB));
+  // Device j allocates a new block with the whole total, and the same
+  // request's inline results fit too.
+  MemoryBudget::Reservation r = budget.Open();
+  ASSERT_OK(r.Grow(48 * kKiB, "staging for x"));
+  absl::StatusOr<BlockPool::Block> b = j.pool.Acquire(48 * kKiB);
+  ASSERT_OK(b);
+  EXPECT_OK(r.Grow(16 * kKiB, "inline results"));
+  // The requests alone stay bounded by the total.
+  MemoryBudget::Reservation other = budget.Open();
+  EXPECT_THAT(other.Grow(1, "inline results"),
+              StatusIs(StatusCode::kResourceExhausted, "--memory_budget_bytes"));
+  EXPECT_EQ(budget.request_bytes(), 64 * kKiB);
+  // Bounds: each device's pools hold at most the total plus their caps (0):
+  // k 56 KiB idle, j 48 KiB in use.
+  EXPECT_LE(k.pool.cached_bytes() + k.pool.blocks_in_use(), budget.total_bytes());
+  EXPECT_EQ(budget.used_bytes(), 64 * kKiB + 56 * kKiB);
+  j.pool.Release(*b);
+  r = MemoryBudget::Reservation();
+  gate_k.Leave();
+  k.pool.AttachBudget(nullptr, 1);
+  j.pool.AttachBudget(nullptr, 0);
+}
+
+// Pools of one device share one charge account: the sum of their charges
+// is what refuses a new block there.
+TEST(BlockPoolShareTest, ThePoolsOfOneDeviceShareItsAccount) {
+  FreeGate gate;
+  MemoryBudget budget(64 * kKiB, 64 * kKiB, nullptr);
+  CountingPool pinned("pinned", 1024, 0, nullptr, &gate);
+  CountingPool staging("staging", 1024, 0, nullptr, &gate);
+  pinned.pool.AttachBudget(&budget, 3);
+  staging.pool.AttachBudget(&budget, 3);
+  gate.Enter();
+  ASSERT_OK(UseOnce(budget, pinned.pool, 40 * kKiB));
+  EXPECT_EQ(budget.charged_bytes(3), 40 * kKiB);
+  // 40 charged by the other pool of the device + 32 > 64: refused.
+  EXPECT_THAT(UseOnce(budget, staging.pool, 32 * kKiB),
+              StatusIs(StatusCode::kResourceExhausted, "over the server's memory budget total"));
+  ASSERT_OK(UseOnce(budget, staging.pool, 24 * kKiB));  // 40 + 24 = 64: at the total
+  EXPECT_EQ(budget.charged_bytes(3), 64 * kKiB);
+  gate.Leave();
+  pinned.pool.AttachBudget(nullptr, 3);
+  staging.pool.AttachBudget(nullptr, 3);
+}
+
+// A gate that opens trims its pools' charged excess without any further
+// call on the pool: on the gate's drainer, never on the thread that left
+// the gate.
+TEST(BlockPoolShareTest, OpeningTheGateGivesTheChargeBackAtOnce) {
+  FreeGate gate;
+  MemoryBudget budget(1 << 20, 1 << 20, nullptr);
+  absl::Mutex mu;
+  std::vector<std::thread::id> freed_on;
+  BlockPool pool(
+      "pool", 1024, 4 * kKiB,
+      [](size_t bytes) -> absl::StatusOr<void*> { return std::malloc(bytes); },
+      [&](void* p) {
+        absl::MutexLock lock(&mu);
+        freed_on.push_back(std::this_thread::get_id());
+        std::free(p);
+      },
+      &gate);
+  pool.AttachBudget(&budget, 0);
+  gate.Enter();
+  std::vector<BlockPool::Block> blocks;
+  for (size_t kib : {2, 8, 16}) blocks.push_back(*pool.Acquire(kib * kKiB));
+  for (const BlockPool::Block& b : blocks) pool.Release(b);
+  EXPECT_EQ(pool.charged_bytes(), 22 * kKiB);  // 26 KiB idle, 4 KiB cap
+  EXPECT_EQ(budget.used_bytes(), 22 * kKiB);
+  gate.Leave();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (pool.charged_bytes() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(pool.charged_bytes(), 0u);
+  EXPECT_EQ(budget.used_bytes(), 0u);
+  EXPECT_LE(pool.cached_bytes(), pool.max_cached_bytes());
+  absl::MutexLock lock(&mu);
+  ASSERT_FALSE(freed_on.empty());
+  for (const std::thread::id& id : freed_on) EXPECT_NE(id, std::this_thread::get_id());
+}
+
+}  // namespace
+}  // namespace tokensel::testing
