@@ -124,6 +124,7 @@ TEST(CudaIpcMapperTest, AThrowWhereTheRegionIsMadeLeaksNoReference) {
   EXPECT_THROW((void)mapper.Map(Spec(std::string(kCudaIpcHandleBytes, '\7'), kServed, 0, 16)),
                std::bad_alloc);
   EXPECT_EQ(ops.opens, 1);
+  EXPECT_EQ(ServingGate().AwaitDrained(absl::Seconds(10)), 0u);
   EXPECT_EQ(ops.closes, 1);
   EXPECT_EQ(mapper.open_handle_count(), 0u);
 }

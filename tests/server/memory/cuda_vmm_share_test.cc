@@ -67,7 +67,7 @@ TEST(CudaVmmShareTest, DeferredTeardownsOnOneDeviceRefuseOnlyThatDevice) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT(mapper.Map(WholeAllocation(driver, 2 * kMiB, 1)),
               StatusIs(StatusCode::kResourceExhausted, "cap of 10485760"));
-  b->reset();  // GPU 1's gate is open: torn down now
+  b->reset();  // GPU 1's gate is open: torn down by its drainer
   c->reset();
   // The gate opens: the deferred teardown runs and GPU 0 maps again.
   zero.Leave();
@@ -75,6 +75,7 @@ TEST(CudaVmmShareTest, DeferredTeardownsOnOneDeviceRefuseOnlyThatDevice) {
   auto d = mapper.Map(WholeAllocation(driver, 10 * kMiB, 0));
   ASSERT_TRUE(d.ok()) << d.status();
   d->reset();
+  AwaitVmmTeardowns();  // the teardowns run on the drainers; the driver outlives them
   EXPECT_TRUE(driver.Clean());
   EXPECT_EQ(driver.bad_calls, 0);
 }
@@ -98,6 +99,7 @@ TEST(CudaVmmShareTest, EachDevicesCapIsAMultipleOfItsMemory) {
               StatusIs(StatusCode::kResourceExhausted, "cap of 10737418240 mapped VMM bytes"));
   a->reset();
   b->reset();
+  AwaitVmmTeardowns();  // the teardowns run on the drainers; the driver outlives them
   EXPECT_TRUE(driver.Clean());
   EXPECT_EQ(driver.bad_calls, 0);
 }

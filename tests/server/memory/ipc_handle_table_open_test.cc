@@ -105,6 +105,14 @@ class IpcHandleTableOpenTest : public ::testing::Test {
  protected:
   IpcHandleTableOpenTest()
       : table_(IpcHandleTable::Create(&ops_, [this](int d) -> FreeGate& { return gates_[d]; })) {}
+  // The closes run on the gates' drainers: they must be done before the
+  // fake driver below the gates goes.
+  ~IpcHandleTableOpenTest() override {
+    table_.reset();
+    for (FreeGate& gate : gates_) {
+      if (gate.open()) (void)gate.AwaitDrained(kWait);
+    }
+  }
   absl::StatusOr<IpcHandleTable::Ref> Acquire(char c, int device = 0) {
     return table_->Acquire(Handle(c), device, "GPU-test", 0, 16);
   }

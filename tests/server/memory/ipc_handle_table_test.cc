@@ -67,6 +67,14 @@ class IpcHandleTableTest : public ::testing::Test {
       : table_(IpcHandleTable::Create(&ops_, [this](int d) -> FreeGate& { return gates_[d]; })) {
     ops_.table = table_.get();
   }
+  // The closes run on the gates' drainers: they must be done before the
+  // fake driver below the gates goes.
+  ~IpcHandleTableTest() override {
+    table_.reset();
+    for (FreeGate& gate : gates_) {
+      if (gate.open()) (void)gate.AwaitDrained(kWait);
+    }
+  }
   absl::StatusOr<IpcHandleTable::Ref> Acquire(char c, int device = 0, uint64_t offset = 0,
                                               uint64_t size = 16) {
     return table_->Acquire(Handle(c), device, "GPU-test", offset, size);
