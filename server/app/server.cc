@@ -138,6 +138,9 @@ absl::Status Server::Init() {
         backend_->EndSession(session);
       },
       metrics_.get());
+  // The backend keeps things per live session (its IpcEventCache): begun
+  // before the client learns the id, ended by the callback above.
+  sessions_->set_on_begin([this](const std::string& session) { backend_->BeginSession(session); });
   tickets_ = std::make_unique<core::FdTickets>(sessions_.get(), host_memory_.get(), cuda_vmm_.get(),
                                                core::FdTicketLimits());
   const uint64_t budget_bytes =

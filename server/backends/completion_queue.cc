@@ -123,7 +123,7 @@ void CompletionQueue::Release(CompletionWork& work) {
   work.staging.clear();
   if (work.done_event != nullptr) device_->DestroyEvent(std::exchange(work.done_event, nullptr));
   if (work.wait_marker != nullptr) device_->DestroyEvent(std::exchange(work.wait_marker, nullptr));
-  work.stuck = nullptr;
+  work.on_wait = nullptr;
   if (work.stream != nullptr) device_->ReleaseStream(std::exchange(work.stream, nullptr));
   // The stream no longer waits on a client's event: the pools may free again.
   if (work.gate != nullptr) std::exchange(work.gate, nullptr)->Leave();
@@ -180,20 +180,21 @@ bool CompletionQueue::Ready(CompletionWork& work, bool* give_up) {
   return false;
 }
 
-void CompletionQueue::CheckStuck(CompletionWork& work) {
-  if (!work.stuck || Clock::now() < work.stuck_at) return;
+void CompletionQueue::CheckWait(CompletionWork& work) {
+  if (!work.on_wait) return;
   // The marker is done exactly when the stream got past the client's wait:
-  // then the request is only slow, never stuck. A failed query says
-  // nothing of the wait: counted as stuck (the safe side for the caps).
+  // then the request is only slow, never stuck, and its wait slot goes
+  // back now (a pipeline of waits that pass is never refused). A failed
+  // query says nothing of the wait: asked again, and at stuck_at counted
+  // as not passed (the safe side for the caps).
+  bool passed = false;
   if (work.wait_marker != nullptr) {
-    const absl::StatusOr<bool> passed = device_->EventDone(work.wait_marker);
-    if (passed.ok() && *passed) {
-      work.stuck = nullptr;
-      return;
-    }
+    const absl::StatusOr<bool> done = device_->EventDone(work.wait_marker);
+    passed = done.ok() && *done;
   }
+  if (!passed && Clock::now() < work.stuck_at) return;
   try {
-    std::exchange(work.stuck, nullptr)();
+    std::exchange(work.on_wait, nullptr)(passed);
   } catch (...) {  // the completion thread goes on; the ticket still completes at the end
   }
 }
@@ -230,7 +231,7 @@ void CompletionQueue::Abandon(CompletionWork& work, const absl::Status& error) {
   work.staging.clear();
   work.done_event = nullptr;
   work.wait_marker = nullptr;
-  work.stuck = nullptr;
+  work.on_wait = nullptr;
   work.gate = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -280,7 +281,7 @@ int CompletionQueue::Poll() {
     if (give_up) {
       Abandon(*it, it->error);
     } else if (!ready) {
-      CheckStuck(*it);
+      CheckWait(*it);
       ++it;
       continue;
     } else {

@@ -33,12 +33,17 @@
 // destructor) is caught: `done` still runs (with INTERNAL if it had not),
 // so the request's ticket is never lost.
 //
-// Stuck items (the fourth review): an item with a `stuck` callback (an
-// async request with a client wait) whose wait's marker has not completed
-// at its stuck_at gets the callback run once (its ticket then counts as
-// stuck, not in flight: AsyncRequests); the item stays pending as before.
-// A marker seen complete (the wait passed, the work is only slow) clears
-// the callback.
+// Waits and stuck items (the fourth and fifth reviews): an item with an
+// `on_wait` callback (an async request with a client wait) that is not
+// complete has its wait's marker queried at every poll (one EventDone per
+// such item, bounded by the stuck caps of AsyncRequests): seen complete,
+// on_wait(true) runs (the request's wait slot goes back at once, not when
+// the work completes); not complete at its stuck_at, on_wait(false) runs
+// (its ticket then counts as stuck, not in flight); either once, then the
+// callback is cleared; the item stays pending as before. A failed query
+// says nothing: before stuck_at it is asked again, at stuck_at it counts
+// as not passed (the safe side for the caps). An item that completes
+// first never gets the callback (`done` gives the slot back).
 //
 // Failed queries: a query that fails without a sticky error is asked
 // again (the device may recover), but not for ever: once an item's queries
@@ -97,10 +102,10 @@ struct CompletionWork {
   std::vector<std::shared_ptr<void>> holds;
   std::function<void(absl::Status)> done;  // may be empty
   // Async chains with a wait (stream_chain.h): the wait's marker, and the
-  // stuck rule: `stuck` runs once if the marker has not completed at
-  // stuck_at (then cleared; also cleared when the marker is seen done).
+  // wait rule: `on_wait(true)` once the marker is seen done, or
+  // `on_wait(false)` if it has not completed at stuck_at (then cleared).
   StreamDevice::Event wait_marker = nullptr;  // private; destroyed at release
-  std::function<void()> stuck;
+  std::function<void(bool passed)> on_wait;
   std::chrono::steady_clock::time_point stuck_at;
   FreeGate* gate = nullptr;   // entered for a client wait on the stream; left at release
   bool query_stream = false;  // watched by QueryStream (no event recorded, or it failed)
@@ -150,8 +155,8 @@ class CompletionQueue {
   // device marked out of service (the item is then abandoned with
   // work.error).
   bool Ready(CompletionWork& work, bool* give_up);
-  // The stuck rule for a pending `work` (top of this file).
-  void CheckStuck(CompletionWork& work);
+  // The wait rule for a pending `work` (top of this file).
+  void CheckWait(CompletionWork& work);
   // Returns the blocks, event, stream and holds of `work`.
   void Release(CompletionWork& work);
   // Runs `done` with `error` and leaks the rest (top of this file).

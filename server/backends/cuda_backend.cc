@@ -300,9 +300,25 @@ absl::Status CudaBackend::Drain(kc::Stream stream, absl::Status status) {
   // so this says "the device was dead when this op drained"): an op that
   // answered bad data while its own drain succeeded gets its error alone,
   // even if another op broke the device meanwhile.
-  (void)cudaSetDevice(device_.ordinal);
-  const cudaError_t drained = cudaStreamSynchronize(stream);
+  // The switch is checked (the sixth review: a failed cudaSetDevice was
+  // ignored): the stream is synchronized all the same (SynchronizeOnDevice:
+  // its blocks go back to the pools after this), the failure is logged and
+  // the request fails with INTERNAL (the server's trouble, never the
+  // client's), as a failed switch does on every other path.
+  RuntimeDeviceSwitch ops;
+  const DeviceCall call =
+      SynchronizeOnDevice(ops, device_.ordinal, [stream] { return cudaStreamSynchronize(stream); });
+  const auto drained = static_cast<cudaError_t>(call.result);
   (void)cudaGetLastError();
+  if (!call.switched) {
+    TS_LOG(ERROR) << "cuda backend: cudaSetDevice(" << device_.ordinal
+                  << ") failed before an op's drain; the stream was synchronized without it ("
+                  << cudaGetErrorString(drained) << ")";
+    if (status.ok()) {
+      status = absl::InternalError(absl::StrCat("cuda backend: cudaSetDevice(", device_.ordinal,
+                                                ") failed for an op's drain"));
+    }
+  }
   if (NoteError(drained, "an op's stream") && drained != cudaSuccess) {
     return WithFailure(std::move(status));
   }

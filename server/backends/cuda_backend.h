@@ -120,6 +120,7 @@ class CudaBackend final : public core::Backend, private StreamDevice {
   absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
                                                                  const core::IpcEvents& events,
                                                                  bool async) override;
+  void BeginSession(const std::string& session) override;
   void EndSession(const std::string& session) override;
   // Shuts the completion queue down with a deadline already passed.
   void AbandonPendingWork() override;

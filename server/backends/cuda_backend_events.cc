@@ -193,6 +193,8 @@ absl::StatusOr<std::unique_ptr<core::RequestChain>> CudaBackend::BeginChain(
   return std::unique_ptr<core::RequestChain>(std::move(chain));
 }
 
+void CudaBackend::BeginSession(const std::string& session) { events_.BeginSession(session); }
+
 void CudaBackend::EndSession(const std::string& session) { events_.EndSession(session); }
 
 void CudaBackend::AbandonPendingWork() { completions_.Shutdown(CompletionQueue::Clock::now()); }

@@ -51,6 +51,23 @@ void FreeOnDevice(int ordinal, const char* call, F free) {
   ReportFree(ordinal, call, OnOwnDevice(ordinal, free));
 }
 
+// A stream's synchronization (`sync`, returning a cudaError_t) with device
+// `ordinal` current, checked (CudaBackend::Drain; the sixth review: a failed
+// cudaSetDevice was ignored there). Unlike OnDeviceChecked, `sync` runs
+// even when the switch failed (then without it, `switched` false): the
+// caller returns the stream, its staging and its workspaces to their pools
+// after the drain, so skipping the synchronization could hand out memory
+// the stream's kernels still use. The stream names its own context, and
+// synchronizing a stream of another device than the current one is
+// allowed (assumed from the CUDA multi-device rules, as for events; not
+// verified on a device here). The caller reports the failed switch.
+template <typename F>
+DeviceCall SynchronizeOnDevice(DeviceSwitch& ops, int ordinal, F sync) {
+  DeviceCall call = OnDeviceChecked(ops, ordinal, sync);
+  if (!call.switched) call.result = static_cast<int>(sync());
+  return call;
+}
+
 }  // namespace tokensel::backends
 
 #endif  // TOKENSEL_SERVER_BACKENDS_CUDA_DEVICE_SWITCH_H_

@@ -33,10 +33,11 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
   ASSIGN_OR_RETURN(const StreamDevice::Event opened, device_->OpenIpcEvent(handle, field));
   auto event = std::make_shared<IpcEvent>(device_, opened);
   ++opens_;
-  // The session ended meanwhile (ipc_event_cache.h): this request's event
-  // alone, not cached (no entry would ever be removed again).
-  if (ended_.count(session) > 0) return event;
-  Lru& lru = sessions_[session];
+  // Not live (ended meanwhile, or never begun: ipc_event_cache.h): this
+  // request's event alone, not cached (no entry would ever be removed).
+  auto live = sessions_.find(session);
+  if (live == sessions_.end()) return event;
+  Lru& lru = live->second;
   lru.emplace_front(key, event);
   if (lru.size() > per_session_) {
     dropped = std::move(lru.back().second);
@@ -47,17 +48,14 @@ absl::StatusOr<std::shared_ptr<IpcEvent>> IpcEventCache::Get(const std::string& 
   return event;
 }
 
+void IpcEventCache::BeginSession(const std::string& session) {
+  tokensel::MutexLock lock(&mu_);
+  sessions_.try_emplace(session);
+}
+
 void IpcEventCache::EndSession(const std::string& session) {
   Lru dropped;  // destroyed (the events released) after the lock is released
   tokensel::MutexLock lock(&mu_);
-  // The tombstone first, also for a session that cached nothing (yet).
-  if (ended_.insert(session).second) {
-    ended_order_.push_back(session);
-    if (ended_order_.size() > kEndedKept) {
-      ended_.erase(ended_order_.front());
-      ended_order_.pop_front();
-    }
-  }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   dropped.swap(it->second);
@@ -68,6 +66,11 @@ size_t IpcEventCache::cached(const std::string& session) const {
   tokensel::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   return it == sessions_.end() ? 0 : it->second.size();
+}
+
+size_t IpcEventCache::live_sessions() const {
+  tokensel::MutexLock lock(&mu_);
+  return sessions_.size();
 }
 
 size_t IpcEventCache::opens() const {

@@ -6,16 +6,20 @@
 // Bound: at most `per_session` (default 64) events per session; opening one
 // more drops the session's least recently used (LRU, not an error: a client
 // cycling through many events is served, it only pays the opens again).
-// EndSession drops all of the session's and leaves a tombstone: a Get for
-// an ended session (a request that passed its session check just before
-// the session ended: the client disconnected mid-request) opens the event
-// for that request alone, uncached (destroyed when the request lets go),
-// and never recreates the session's entry, which nothing would remove
-// again (the fourth review: up to `per_session` opened events leaked per
-// race, repeatable). Tombstones are kept for the last kEndedKept (4096)
-// ended sessions (session ids are never reused); a Get that comes after
-// 4096 other sessions ended since its own did would still cache (then
-// leaked until the process ends; not prevented, only made far-fetched).
+// Live sessions only (the fifth review): the cache keeps events only for
+// sessions it was told are live, between BeginSession (the server calls it
+// when it opens the session, before the client learns its id) and
+// EndSession (after the session ended: no new request can pass its session
+// check). A Get for a session that is not live (a request that passed its
+// session check just before the session ended: the client disconnected
+// mid-request; or a session never begun) opens the event for that request
+// alone, uncached (destroyed when the request lets go), and never creates
+// an entry, which nothing would remove again (the fourth review: up to
+// `per_session` opened events leaked per race). Exact, with no tombstones:
+// an earlier version remembered the last 4096 ended sessions, so a Get
+// delayed past 4096 other session ends still cached and leaked. The cache
+// holds at most (live sessions) x `per_session` events, and one entry per
+// live session. EndSession drops all of the session's events.
 // A dropped event is destroyed when
 // the last request still using it lets go (IpcEvent is shared with the
 // chain and the queued work item): cudaEventDestroy of an event whose
@@ -53,11 +57,9 @@
 #define TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
 
 #include <cstddef>
-#include <deque>
 #include <list>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -93,12 +95,14 @@ class IpcEventCache {
   // naming `field` for a handle that is not 64 bytes or does not open.
   absl::StatusOr<std::shared_ptr<IpcEvent>> Get(const std::string& session,
                                                 absl::string_view handle, absl::string_view field);
+  // `session` is live from now (idempotent): Get caches its events.
+  void BeginSession(const std::string& session);
+  // `session` ended: its events are dropped, and Get caches none any more.
   void EndSession(const std::string& session);
-  // How many ended sessions are remembered (tombstones, above).
-  static constexpr size_t kEndedKept = 4096;
 
   size_t cached(const std::string& session) const;
   size_t opens() const;  // OpenIpcEvent calls that succeeded so far
+  size_t live_sessions() const;
 
  private:
   // Most recently used first.
@@ -107,9 +111,7 @@ class IpcEventCache {
   StreamDevice* const device_;
   const size_t per_session_;
   mutable tokensel::Mutex mu_;
-  std::map<std::string, Lru> sessions_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> ended_ ABSL_GUARDED_BY(mu_);          // tombstones
-  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::map<std::string, Lru> sessions_ ABSL_GUARDED_BY(mu_);  // the live ones, and only they
   size_t opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -154,6 +154,10 @@ absl::StatusOr<std::unique_ptr<core::RequestChain>> MultiDeviceBackend::BeginCha
   return (*only)->BeginChain(session, events, async);
 }
 
+void MultiDeviceBackend::BeginSession(const std::string& session) {
+  for (const Device& d : devices_) d.backend->BeginSession(session);
+}
+
 void MultiDeviceBackend::EndSession(const std::string& session) {
   for (const Device& d : devices_) d.backend->EndSession(session);
 }

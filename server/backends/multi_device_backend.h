@@ -81,6 +81,7 @@ class MultiDeviceBackend final : public core::Backend {
   absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
                                                                  const core::IpcEvents& events,
                                                                  bool async) override;
+  void BeginSession(const std::string& session) override;        // every device's
   void EndSession(const std::string& session) override;          // every device's
   void AbandonPendingWork() override;                            // every device's
   void AttachMemoryBudget(core::MemoryBudget* budget) override;  // every device's

@@ -168,7 +168,7 @@ absl::Status StreamChain::HandOff() {
   return marked;
 }
 
-absl::Status StreamChain::Commit(DoneFn done, StuckFn stuck) {
+absl::Status StreamChain::Commit(DoneFn done, WaitFn on_wait) {
   if (committed_) return absl::FailedPreconditionError("cuda backend: a chain commits once");
   committed_ = true;
   CompletionWork& w = work();
@@ -185,10 +185,11 @@ absl::Status StreamChain::Commit(DoneFn done, StuckFn stuck) {
   if (record_ != nullptr) recorded = device_->RecordEvent(record_->get(), w.stream, "record_event");
   if (async_) {
     if (!recorded.ok()) w.report = false;  // answered now, not deferred
-    // The stuck rule (stream_chain.h): the queue calls `stuck` once if the
-    // wait's marker has not completed kAsyncStuckAfter after the wait began.
-    if (wait_ != nullptr && stuck) {
-      w.stuck = std::move(stuck);
+    // The wait rule (stream_chain.h): the queue calls `on_wait` once: true
+    // when it sees the wait's marker complete, false if it has not
+    // completed kAsyncStuckAfter after the wait began.
+    if (wait_ != nullptr && on_wait) {
+      w.on_wait = std::move(on_wait);
       w.stuck_at = wait_began_ + stuck_after_;
     }
     const absl::Status marked = HandOff();

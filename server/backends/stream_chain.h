@@ -35,12 +35,15 @@
 // stream captured the previous one; the marker is the server's own and is
 // recorded behind exactly the wait the stream holds. The host waits at most
 // kMaxHostWait (60 s) even when the call has no deadline.
-// Async chains with a wait (the fourth review): the completion queue looks
-// at the wait's marker once kAsyncStuckAfter (the same 60 s; set_max_host_wait
-// sets both) passed since the wait was queued: not completed, the request's
-// `stuck` callback runs (AsyncRequests: it moves from in flight to stuck),
-// so async requests whose client never records its event cannot hold the
-// admission caps for ever either.
+// Async chains with a wait (the fourth and fifth reviews): the completion
+// queue polls the wait's marker with the item's event; seen complete, the
+// request's `on_wait(true)` runs at once (AsyncRequests: its wait slot goes
+// back, so a pipeline of waits that pass is never refused); still not
+// complete kAsyncStuckAfter (the same 60 s; set_max_host_wait sets both)
+// after the wait was queued, `on_wait(false)` runs (it moves from in flight
+// to stuck, in its wait slot), so async requests whose client never records
+// its event cannot hold the admission caps for ever either, nor exceed the
+// stuck caps (async_requests.h).
 // No record_event check (the fourth review): an earlier version recorded
 // record_event once in Begin, on the idle stream, to learn before any op
 // ran whether the driver refused an event of another device. Dropped: (1)
@@ -94,7 +97,7 @@ class StreamChain final : public core::RequestChain, private LeaseSink {
   absl::StatusOr<std::unique_ptr<core::RequestLease>> BeginOp(std::string label) override;
   void Hold(std::shared_ptr<void> keep) override;
   absl::Status AwaitWait(const kernels::StopToken* stop) override;
-  absl::Status Commit(DoneFn done, StuckFn stuck) override;
+  absl::Status Commit(DoneFn done, WaitFn on_wait) override;
 
   // The longest a sync request's host waits for the client's event
   // (AwaitWait) when its call has no earlier deadline: then

@@ -18,6 +18,7 @@ AsyncRequests::Ticket::Ticket(Ticket&& other) noexcept
       session_(std::move(other.session_)),
       peer_(std::move(other.peer_)),
       number_(other.number_),
+      waiting_(other.waiting_),
       stuck_(other.stuck_) {
   other.owner_ = nullptr;
 }
@@ -29,6 +30,7 @@ AsyncRequests::Ticket& AsyncRequests::Ticket::operator=(Ticket&& other) noexcept
     session_ = std::move(other.session_);
     peer_ = std::move(other.peer_);
     number_ = other.number_;
+    waiting_ = other.waiting_;
     stuck_ = other.stuck_;
     other.owner_ = nullptr;
   }
@@ -41,33 +43,47 @@ void AsyncRequests::Ticket::Complete(const absl::Status& status) {
   if (owner_ == nullptr) return;
   AsyncRequests* const owner = owner_;
   owner_ = nullptr;
-  owner->Complete(session_, peer_, number_, stuck_, status);
+  owner->Complete(session_, peer_, number_, waiting_, stuck_, status);
+}
+
+void AsyncRequests::Ticket::WaitPassed() {
+  if (owner_ == nullptr || !waiting_) return;
+  waiting_ = false;
+  owner_->WaitPassed(session_, peer_);
 }
 
 void AsyncRequests::Ticket::Abandon() {
-  if (owner_ == nullptr || stuck_) return;
+  // Only a request still waiting in its slot can turn stuck: one without a
+  // slot (no wait_event, or its wait passed) waits on nothing of the
+  // client's, and counting it stuck would exceed the caps (async_requests.h).
+  if (owner_ == nullptr || !waiting_) return;
+  waiting_ = false;
   stuck_ = true;
   owner_->Abandon(session_, peer_);
 }
 
 AsyncRequests::~AsyncRequests() { WaitAll(absl::InfiniteDuration()); }
 
-absl::Status AsyncRequests::Refuse(bool stuck, uint32_t count, uint32_t limit, const char* where) {
+absl::Status AsyncRequests::Refuse(uint32_t inflight, uint32_t limit, const char* where) {
   ++rejected_;
   if (metrics_ != nullptr) metrics_->CountRefusedEventExecute();
-  if (stuck) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "CUDA IPC events: ", count,
-        " Executes abandoned while waiting on a wait_event that has not completed ", where,
-        ", the limit is ", limit,
-        "; complete (record) those events before sending more Executes with a wait_event"));
-  }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "CUDA IPC events: ", count,
+      "CUDA IPC events: ", inflight,
       " Executes with events in flight (answered before completion, or waiting on a client "
       "event) ",
       where, ", the limit is ", limit,
       "; wait on an earlier record_event (or send an Execute with no ops and no events) first"));
+}
+
+absl::Status AsyncRequests::RefuseWait(uint32_t waiting, uint32_t stuck, uint32_t limit,
+                                       const char* where) {
+  ++rejected_;
+  if (metrics_ != nullptr) metrics_->CountRefusedEventExecute();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "CUDA IPC events: ", waiting + stuck, " Executes with a wait_event that has not completed (",
+      waiting, " waiting on it, ", stuck, " abandoned while waiting on a wait_event) ", where,
+      ", the limit is ", limit,
+      "; complete (record) those events before sending more Executes with a wait_event"));
 }
 
 absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& session,
@@ -87,60 +103,82 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
       absl::StrCat("for peer ", peer.empty() ? "(unnamed)" : peer, " (all its sessions)");
   // Before the admission caps: a session (or peer) whose events never
   // complete is refused here, by its own count, and its stuck requests no
-  // longer take admission from anyone (async_requests.h).
+  // longer take admission from anyone. A wait slot, counted with the stuck
+  // ones: what may turn stuck later is bounded now (async_requests.h).
   if (may_stick) {
-    if (s.stuck >= limits_.stuck_per_session) {
-      return Refuse(true, s.stuck, limits_.stuck_per_session, "in this session");
+    if (s.waiting + s.stuck >= limits_.stuck_per_session) {
+      return RefuseWait(s.waiting, s.stuck, limits_.stuck_per_session, "in this session");
     }
-    if (p.stuck >= limits_.stuck_per_peer) {
-      return Refuse(true, p.stuck, limits_.stuck_per_peer, peer_where.c_str());
+    if (p.waiting + p.stuck >= limits_.stuck_per_peer) {
+      return RefuseWait(p.waiting, p.stuck, limits_.stuck_per_peer, peer_where.c_str());
     }
-    if (stuck_ >= limits_.stuck_total) {
-      return Refuse(true, stuck_, limits_.stuck_total, "in the server");
+    if (waiting_ + stuck_ >= limits_.stuck_total) {
+      return RefuseWait(waiting_, stuck_, limits_.stuck_total, "in the server");
     }
   }
   if (s.inflight >= limits_.per_session) {
-    return Refuse(false, s.inflight, limits_.per_session, "in this session");
+    return Refuse(s.inflight, limits_.per_session, "in this session");
   }
   if (p.inflight >= limits_.per_peer) {
-    return Refuse(false, p.inflight, limits_.per_peer, peer_where.c_str());
+    return Refuse(p.inflight, limits_.per_peer, peer_where.c_str());
   }
-  if (inflight_ >= limits_.total) return Refuse(false, inflight_, limits_.total, "in the server");
+  if (inflight_ >= limits_.total) return Refuse(inflight_, limits_.total, "in the server");
   Session& admitted = sessions_[session];
+  Counts& counts = peers_[peer];
   ++admitted.inflight;
-  ++peers_[peer].inflight;
+  ++counts.inflight;
   ++inflight_;
+  if (may_stick) {
+    ++admitted.waiting;
+    ++counts.waiting;
+    ++waiting_;
+  }
   if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_ + stuck_);
-  return Ticket(this, session, peer, ++admitted.admitted);
+  return Ticket(this, session, peer, ++admitted.admitted, may_stick);
 }
 
+void AsyncRequests::WaitPassed(const std::string& session, const std::string& peer) {
+  tokensel::MutexLock lock(&mu_);
+  --waiting_;
+  // Always found: a session and a peer with a ticket stay.
+  if (auto p = peers_.find(peer); p != peers_.end()) --p->second.waiting;
+  if (auto it = sessions_.find(session); it != sessions_.end()) --it->second.waiting;
+}
+
+// From its wait slot (the ticket was waiting): waiting -> stuck, in flight -> not.
 void AsyncRequests::Abandon(const std::string& session, const std::string& peer) {
   tokensel::MutexLock lock(&mu_);
   --inflight_;
+  --waiting_;
   ++stuck_;
   if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_ + stuck_);
   if (auto p = peers_.find(peer); p != peers_.end()) {  // always: a peer with a ticket stays
     --p->second.inflight;
+    --p->second.waiting;
     ++p->second.stuck;
   }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;  // unreachable: a session with a ticket stays
   --it->second.inflight;
+  --it->second.waiting;
   ++it->second.stuck;
 }
 
 void AsyncRequests::Complete(const std::string& session, const std::string& peer, uint64_t number,
-                             bool stuck, const absl::Status& status) {
+                             bool waiting, bool stuck, const absl::Status& status) {
   tokensel::MutexLock lock(&mu_);
   --(stuck ? stuck_ : inflight_);
+  if (waiting) --waiting_;
   if (metrics_ != nullptr) metrics_->SetEventExecutes(inflight_ + stuck_);
   if (auto p = peers_.find(peer); p != peers_.end()) {
     --(stuck ? p->second.stuck : p->second.inflight);
+    if (waiting) --p->second.waiting;
     if (p->second.inflight == 0 && p->second.stuck == 0) peers_.erase(p);
   }
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;  // unreachable: a session with a ticket stays
   --(stuck ? it->second.stuck : it->second.inflight);
+  if (waiting) --it->second.waiting;
   if (!status.ok()) {
     if (it->second.deferred.ok() && !it->second.ended) {
       it->second.deferred =
@@ -217,6 +255,23 @@ uint32_t AsyncRequests::stuck(const std::string& session) const {
   tokensel::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   return it == sessions_.end() ? 0 : it->second.stuck;
+}
+
+uint32_t AsyncRequests::waiting() const {
+  tokensel::MutexLock lock(&mu_);
+  return waiting_;
+}
+
+uint32_t AsyncRequests::waiting(const std::string& session) const {
+  tokensel::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  return it == sessions_.end() ? 0 : it->second.waiting;
+}
+
+uint32_t AsyncRequests::peer_waiting(const std::string& peer) const {
+  tokensel::MutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? 0 : it->second.waiting;
 }
 
 uint32_t AsyncRequests::peer_inflight(const std::string& peer) const {

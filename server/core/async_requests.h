@@ -29,18 +29,36 @@
 // marker and calls Ticket::Abandon: stream_chain.h). Such a request stops counting
 // against the admission caps above (those are for requests that will
 // complete) and counts as *stuck* instead, under caps of its own:
-// stuck_per_session (4), stuck_per_peer (16) and stuck_total (64). Admit of
-// a request that may be left stuck (it has a wait_event: `may_stick`) is
-// RESOURCE_EXHAUSTED when its session, its peer or the server already has
-// that many stuck requests. A stuck request completes (its ticket) when its
-// event finally completes.
+// stuck_per_session (8), stuck_per_peer (16) and stuck_total (64). A stuck
+// request completes (its ticket) when its event finally completes.
+//
+// Wait slots (the fifth review: the stuck caps held only at admission, and
+// requests admitted below them turned stuck later unchecked: one uid with 4
+// sessions x 16 async waits never recorded held all 64 server-wide stuck
+// places after 60 s). The bound now holds by construction: a request with a
+// wait_event (`may_stick`, async or sync) takes a *wait slot* at Admit,
+// counted per session, per peer and in the server against the stuck caps:
+// Admit is RESOURCE_EXHAUSTED when waiting + stuck already reached a cap
+// (naming the cap, both counts and the scope; nothing is counted). The
+// slot is given back as soon as the wait is known to have passed
+// (Ticket::WaitPassed: the host saw the wait's marker complete for a sync
+// request, the completion queue for an async one), or when the request
+// completes; a request that turns stuck (Abandon) keeps its slot, as a stuck
+// one. Only a request holding a wait slot can turn stuck (Abandon of a
+// ticket without one does nothing: its stream waits on nothing of the
+// client's). So at every moment waiting + stuck <= the caps, whatever the
+// timing, and a client whose events never complete can stick at most what
+// it was admitted to wait for. Why 8 per session (was 4): the number now
+// bounds the waits *pending* at once, and a pipelining client may queue a
+// few steps ahead, each waiting on its own event; per peer (16) and per
+// server (64) are unchanged, so what one peer can pin is unchanged.
 //
 // Per peer (the fourth review): every cap counts per session, per peer
 // (`peer`: core::Peer::Principal() of the caller, the identity
 // max_sessions_per_peer counts; "" in tests) and in the server, and
 // per_peer < total, stuck_per_peer < stuck_total. So one peer, however many
 // sessions it opens (up to max_sessions_per_peer, 256), holds at most
-// per_peer (64) in flight and stuck_per_peer (16) stuck: it cannot take the
+// per_peer (64) in flight and stuck_per_peer (16) waiting or stuck: it cannot take the
 // server-wide admission (or the stuck cap) from other peers; requests
 // without a wait_event are never refused for stuck ones.
 //
@@ -71,10 +89,10 @@ class ServiceMetrics;
 struct AsyncLimits {
   uint32_t per_session = 16;       // async Executes in flight per session
   uint32_t total = 256;            // ... in the whole server
-  uint32_t stuck_per_session = 4;  // abandoned on a client's wait_event, per session
+  uint32_t stuck_per_session = 8;  // waiting on, or abandoned on, a client's wait_event
   uint32_t stuck_total = 64;       // ... in the whole server
   uint32_t per_peer = 64;          // in flight, all the sessions of one peer together
-  uint32_t stuck_per_peer = 16;    // stuck, ... of one peer
+  uint32_t stuck_per_peer = 16;    // waiting or stuck, ... of one peer
 };
 
 class AsyncRequests {
@@ -90,21 +108,32 @@ class AsyncRequests {
     // The request's device work is done; `status` is its deferred error
     // (OK when none). Once; later calls do nothing.
     void Complete(const absl::Status& status);
+    // The request's wait on the client's event passed: its wait slot is
+    // given back (top of this file). Once; without a slot (none taken, or
+    // stuck already) or after Complete it does nothing.
+    void WaitPassed();
     // The request was abandoned while its stream may still wait on the
-    // client's event: from now on it counts as stuck, not in flight (top
-    // of this file). Once; after Complete it does nothing.
+    // client's event: from now on it counts as stuck, not in flight, in
+    // the wait slot it holds (top of this file). Once; without a wait slot
+    // or after Complete it does nothing.
     void Abandon();
     uint64_t number() const { return number_; }
 
    private:
     friend class AsyncRequests;
-    Ticket(AsyncRequests* owner, std::string session, std::string peer, uint64_t number)
-        : owner_(owner), session_(std::move(session)), peer_(std::move(peer)), number_(number) {}
+    Ticket(AsyncRequests* owner, std::string session, std::string peer, uint64_t number,
+           bool waiting)
+        : owner_(owner),
+          session_(std::move(session)),
+          peer_(std::move(peer)),
+          number_(number),
+          waiting_(waiting) {}
     AsyncRequests* owner_ = nullptr;
     std::string session_;
     std::string peer_;
     uint64_t number_ = 0;
-    bool stuck_ = false;
+    bool waiting_ = false;  // holds a wait slot, not stuck
+    bool stuck_ = false;    // holds a wait slot, stuck
   };
 
   // `metrics` (may be null): tokensel_event_executes and the refusals.
@@ -113,8 +142,8 @@ class AsyncRequests {
   ~AsyncRequests();  // waits for every ticket (none may outlive this)
 
   // For `session` of `peer` (Peer::Principal()). `may_stick`: the request
-  // has a wait_event (it may be abandoned and left stuck); then the stuck
-  // caps apply too.
+  // has a wait_event (it may be abandoned and left stuck); then it takes a
+  // wait slot, under the stuck caps (top of this file).
   absl::StatusOr<Ticket> Admit(const std::string& session, const std::string& peer, bool may_stick);
   absl::Status TakeDeferred(const std::string& session);
   absl::Status WaitSession(const std::string& session, const std::function<absl::Status()>& check);
@@ -127,8 +156,12 @@ class AsyncRequests {
   // Abandoned requests whose event has not completed yet.
   uint32_t stuck() const;
   uint32_t stuck(const std::string& session) const;
+  // Wait slots held by requests whose wait has not passed (not stuck yet).
+  uint32_t waiting() const;
+  uint32_t waiting(const std::string& session) const;
   uint32_t peer_inflight(const std::string& peer) const;
   uint32_t peer_stuck(const std::string& peer) const;
+  uint32_t peer_waiting(const std::string& peer) const;
   uint64_t rejected() const;
   uint64_t dropped_errors() const;
 
@@ -136,6 +169,7 @@ class AsyncRequests {
   struct Session {
     uint32_t inflight = 0;
     uint32_t stuck = 0;
+    uint32_t waiting = 0;   // wait slots not stuck (also counted in inflight)
     uint64_t admitted = 0;  // numbers the async Executes
     absl::Status deferred;
     bool ended = false;
@@ -143,13 +177,18 @@ class AsyncRequests {
   struct Counts {
     uint32_t inflight = 0;
     uint32_t stuck = 0;
+    uint32_t waiting = 0;
   };
-  void Complete(const std::string& session, const std::string& peer, uint64_t number, bool stuck,
-                const absl::Status& status);
+  void Complete(const std::string& session, const std::string& peer, uint64_t number, bool waiting,
+                bool stuck, const absl::Status& status);
+  void WaitPassed(const std::string& session, const std::string& peer);
   void Abandon(const std::string& session, const std::string& peer);
-  // RESOURCE_EXHAUSTED naming `where` ("in this session", ...) when `count`
-  // reached `limit`. Requires mu_ (counts the refusal).
-  absl::Status Refuse(bool stuck, uint32_t count, uint32_t limit, const char* where)
+  // RESOURCE_EXHAUSTED naming `where` ("in this session", ...), the limit
+  // and the counts (in flight; or waiting and stuck). Requires mu_ (counts
+  // the refusal).
+  absl::Status Refuse(uint32_t inflight, uint32_t limit, const char* where)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RefuseWait(uint32_t waiting, uint32_t stuck, uint32_t limit, const char* where)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases an ended, idle, error-free session. Requires mu_.
   void MaybeErase(std::map<std::string, Session>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -161,6 +200,7 @@ class AsyncRequests {
   std::map<std::string, Counts> peers_ ABSL_GUARDED_BY(mu_);  // erased at zero
   uint32_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t stuck_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -159,7 +159,9 @@ class RequestLease {
 class RequestChain {
  public:
   using DoneFn = std::function<void(absl::Status)>;
-  using StuckFn = std::function<void()>;
+  // The outcome of an async chain's wait (Commit): true, the wait passed;
+  // false, it had not passed by the bound (the request turns stuck).
+  using WaitFn = std::function<void(bool passed)>;
   virtual ~RequestChain() = default;
   virtual bool async() const = 0;
   // The lease of the next op; `label` ("ops[2] (GatherTokens)") prefixes
@@ -181,11 +183,14 @@ class RequestChain {
   virtual absl::Status AwaitWait(const kernels::StopToken* stop) = 0;
   // Records record_event; async: hands the work to the completion thread.
   // The error of the record, if any (the work is handed over regardless).
-  // `stuck` (may be empty; async chains with a wait_event): called once,
-  // before `done`, if the stream's wait on the client's event has not
-  // passed a bound after the chain began (the request then counts as stuck:
-  // AsyncRequests::Ticket::Abandon). Not called once the wait passed.
-  virtual absl::Status Commit(DoneFn done, StuckFn stuck) = 0;
+  // `on_wait` (may be empty; async chains with a wait_event): called at
+  // most once, before `done`: with true as soon as the stream's wait on the
+  // client's event is seen passed (the request's wait slot goes back:
+  // AsyncRequests::Ticket::WaitPassed), or with false if it has not passed
+  // a bound after the chain began (the request then counts as stuck:
+  // AsyncRequests::Ticket::Abandon). Not called when the work completes
+  // first (`done` then gives everything back).
+  virtual absl::Status Commit(DoneFn done, WaitFn on_wait) = 0;
 };
 
 // The backend that serves one request (Backend::Route). Every call the
@@ -269,7 +274,10 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<RequestChain>> BeginChain(const std::string& session,
                                                                    const IpcEvents& events,
                                                                    bool async);
-  // The session ended: drop what the backend keeps for it (its events).
+  // A session opened (SessionManager's begin callback, before its id is
+  // handed out): the backend may keep things for it (its events) until
+  // EndSession. The session ended: drop what the backend keeps for it.
+  virtual void BeginSession(const std::string& /*session*/) {}
   virtual void EndSession(const std::string& /*session*/) {}
   // Shutdown after its grace (server/app/server.cc): stop waiting for the
   // device work of requests that have not completed (streams stuck on

@@ -74,7 +74,7 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   std::vector<OpResult> results;
   absl::Status status;
   RequestChain::DoneFn done;
-  RequestChain::StuckFn stuck;
+  RequestChain::WaitFn on_wait;
   try {
     results.reserve(ops.size());
     // Sync: the host waits for the client's event first, within the call's
@@ -85,6 +85,11 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
     // admission from others and counts as stuck, under its own caps
     // (async_requests.h), until the event completes.
     if (!status.ok() && held->ticket.has_value()) held->ticket->Abandon();
+    // Sync, the host saw the wait pass: the request's wait slot goes back
+    // now (async_requests.h); it stays in flight until it completes. (An
+    // async chain's AwaitWait waits for nothing: the completion thread
+    // reports its wait, through `on_wait` below.)
+    if (status.ok() && !async && held->ticket.has_value()) held->ticket->WaitPassed();
     for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
       const std::string label = absl::StrCat("ops[", i, "] (", OpName(ops[i]), ")");
       absl::StatusOr<std::unique_ptr<RequestLease>> lease = chain->BeginOp(label);
@@ -116,10 +121,13 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
       done = [shared, report](const absl::Status& deferred) {
         shared->Complete(report ? deferred : absl::OkStatus());
       };
-      // Async with a wait_event: the completion thread abandons the ticket
-      // (in flight -> stuck) if the stream's wait has not passed after
-      // StreamChain::kAsyncStuckAfter; both calls come from that thread.
-      if (async && !events.wait.empty()) stuck = [shared] { shared->Abandon(); };
+      // Async with a wait_event: the completion thread gives the ticket's
+      // wait slot back once it sees the stream's wait pass, or abandons it
+      // (in flight -> stuck) if it has not passed after
+      // StreamChain::kAsyncStuckAfter; every call comes from that thread.
+      if (async && !events.wait.empty()) {
+        on_wait = [shared](bool passed) { passed ? shared->WaitPassed() : shared->Abandon(); };
+      }
     }
   } catch (...) {
     chain->Hold(held);  // cannot throw; ~chain then waits for or hands off the work
@@ -128,7 +136,7 @@ absl::StatusOr<std::vector<OpResult>> Executor::RunChain(const std::string& sess
   // Async: whatever was launched keeps what it uses until it completed.
   // Sync: every op completed; `held` goes with the chain or after it.
   if (async) chain->Hold(held);
-  const absl::Status committed = chain->Commit(std::move(done), std::move(stuck));
+  const absl::Status committed = chain->Commit(std::move(done), std::move(on_wait));
   chain.reset();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(committed);

@@ -21,6 +21,11 @@ SessionManager::SessionManager(SessionLimits limits, EndCallback on_end, Service
       metrics_(metrics),
       clock_(clock ? std::move(clock) : Clock([] { return absl::Now(); })) {}
 
+void SessionManager::set_on_begin(EndCallback on_begin) {
+  tokensel::MutexLock lock(&mu_);
+  on_begin_ = std::move(on_begin);
+}
+
 void SessionManager::EraseLocked(std::map<std::string, Entry>::iterator it) {
   auto owner = per_owner_.find(it->second.owner);
   if (owner != per_owner_.end() && --owner->second == 0) per_owner_.erase(owner);
@@ -76,6 +81,9 @@ absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
       sessions_.emplace(id, Entry{client_name, owner, ttl, now + ttl, 0});
       ++per_owner_[owner];
       info = SessionInfo{id, client_name, ttl, owner};
+      // Under the lock: no End of this id can run before it (top of the
+      // header).
+      if (on_begin_) on_begin_(id);
     }
     UpdateGaugeLocked();
   }

@@ -15,6 +15,13 @@
 // sessions, so no caller can lock others out of the max_sessions slots.
 // Ids are 128 random bits from the kernel's CSPRNG, as 32 hex characters.
 //
+// Begin: set_on_begin(f) makes Open run f(session_id) for each session it
+// opens, under the internal lock, before the id is returned (so before any
+// request can name it), and after the session is in the table: a session's
+// on_end always follows its on_begin (the server wires both to the
+// backend, whose IpcEventCache caches only for live sessions). f must not
+// call back into the manager.
+//
 // Thread-safe. `on_end` runs outside the internal lock.
 #ifndef TOKENSEL_SERVER_CORE_SESSION_MANAGER_H_
 #define TOKENSEL_SERVER_CORE_SESSION_MANAGER_H_
@@ -56,6 +63,8 @@ class SessionManager {
 
   SessionManager(SessionLimits limits, EndCallback on_end, ServiceMetrics* metrics,
                  Clock clock = nullptr);
+  // The begin callback (top of this file); set before serving.
+  void set_on_begin(EndCallback on_begin);
 
   // INVALID_ARGUMENT for a negative ttl; RESOURCE_EXHAUSTED beyond
   // max_sessions or the peer's max_sessions_per_peer (expired sessions are
@@ -100,6 +109,7 @@ class SessionManager {
   mutable tokensel::Mutex mu_;
   std::map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> per_owner_ ABSL_GUARDED_BY(mu_);
+  EndCallback on_begin_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tokensel::core

@@ -108,6 +108,7 @@ TEST(CudaEventsGpuTest, OutputsAfterRecordEventMatchTheCpu) {
   absl::StatusOr<std::unique_ptr<backends::CudaBackend>> cuda =
       backends::CudaBackend::Create(client.uuid());
   ASSERT_OK(cuda);
+  (*cuda)->BeginSession("s");  // as the server's SessionManager: its events are cached
   core::AsyncRequests async(core::AsyncLimits{});
   FakeRegionMapper host;
   memory::CudaIpcMapperOptions ipc_options;

@@ -2,13 +2,16 @@
 // ops: the event paths' call runs with the backend's device current, the
 // caller's device comes back after it, and a failed switch is told apart
 // from a call that answered cudaErrorInvalidDevice (the client's event of
-// another device) because the call did not run.
+// another device) because the call did not run. SynchronizeOnDevice
+// (server/backends/cuda_device_switch.h, CudaBackend::Drain): a failed
+// switch is reported, and the stream is synchronized all the same.
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/backends/cuda_device_switch.h"
 #include "server/core/device_switch.h"
 
 namespace tokensel::backends {
@@ -93,6 +96,33 @@ TEST(DeviceCallTest, AFailedRestoreIsReportedAndAThreadWithoutAContextIsLeftAlon
   fresh.current = 0;
   EXPECT_TRUE(OnDeviceChecked(fresh, 1, [] { return 0; }).switched);
   EXPECT_THAT(fresh.log, ElementsAre("set 1"));
+}
+
+// The sixth review: Drain ignored a failed cudaSetDevice. Now the failure
+// is seen (switched false, for Drain to log and fail the request), and the
+// stream's synchronization still runs, exactly once: its blocks go back to
+// the pools right after the drain.
+TEST(DeviceCallTest, ADrainReportsAFailedSwitchAndSynchronizesAllTheSame) {
+  Thread thread;
+  int syncs = 0;
+  const DeviceCall ok = SynchronizeOnDevice(thread, 0, [&] {
+    ++syncs;
+    EXPECT_EQ(thread.current, 0) << "synchronized with the device current";
+    return 0;
+  });
+  EXPECT_TRUE(ok.switched);
+  EXPECT_EQ(syncs, 1);
+  EXPECT_EQ(thread.current, 1);
+  thread.refuse = 2;
+  const DeviceCall refused = SynchronizeOnDevice(thread, 2, [&] {
+    ++syncs;
+    return 0;
+  });
+  EXPECT_FALSE(refused.switched) << "the failed switch is reported";
+  EXPECT_EQ(refused.result, 0) << "the synchronization's own answer";
+  EXPECT_EQ(syncs, 2) << "synchronized without the switch";
+  EXPECT_EQ(thread.current, 1);
+  EXPECT_THAT(thread.log, ElementsAre("set 0", "set 1", "set 2"));
 }
 
 }  // namespace

@@ -226,7 +226,7 @@ TEST_F(ChainTest, ASyncRequestWaitsForTheClientOnlyUntilItsDeadline) {
 // Sync requests abandoned at their deadline leave their streams waiting on
 // the client's event, maybe for ever. They must not keep their admission
 // (per session 2, server 3 here): they count as stuck, under caps of their
-// own (4 per session by default), so one session's events that never
+// own (8 per session by default), so one session's events that never
 // complete cannot take the admission from the others, and the session
 // itself is refused only for requests that could get stuck too.
 TEST_F(ChainTest, AbandonedSyncRequestsCountAsStuckNotInFlight) {
@@ -261,7 +261,7 @@ TEST_F(ChainTest, AbandonedSyncRequestsCountAsStuckNotInFlight) {
   std::set<StreamDevice::Stream> streams;
   for (const auto& call : device_.log) streams.insert(call.stream);
   for (StreamDevice::Stream s : streams) device_.Progress(s);
-  EXPECT_EQ(backend_.queue().Poll(), 4 + 3);
+  EXPECT_EQ(backend_.queue().Poll(), static_cast<int>(core::AsyncLimits().stuck_per_session) + 3);
   EXPECT_EQ(async_.stuck(), 0u);
   EXPECT_EQ(async_.inflight(), 0u);
   ASSERT_OK(Execute(ops, Handle('p'), "")) << "s is admitted again";

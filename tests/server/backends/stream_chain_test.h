@@ -60,6 +60,7 @@ class ChainBackend final : public StreamBackend {
     chain->set_max_host_wait(max_host_wait_);
     return std::unique_ptr<core::RequestChain>(std::move(chain));
   }
+  void BeginSession(const std::string& session) override { events_.BeginSession(session); }
   void EndSession(const std::string& session) override { events_.EndSession(session); }
   // As CudaBackend's.
   void AbandonPendingWork() override { queue_.Shutdown(backends::CompletionQueue::Clock::now()); }
@@ -103,6 +104,13 @@ inline const std::vector<float> kChainGathered = {4, 5, 0, 1, 12, 13, 14, 15};
 
 class ChainTest : public ::testing::Test {
  protected:
+  // The sessions the tests use are live (as the server's SessionManager
+  // begins them: IpcEventCache caches only for live sessions); AddBuffer
+  // begins any other.
+  ChainTest() {
+    backend_.BeginSession("s");
+    backend_.BeginSession("t");
+  }
   static std::string Handle(char c) { return std::string(core::IpcEvents::kHandleBytes, c); }
 
   // Registers device buffer `name` in session `s` holding `bytes`.
@@ -110,6 +118,7 @@ class ChainTest : public ::testing::Test {
   T* AddBuffer(const std::string& name, const std::vector<T>& values, const std::string& s = "s") {
     const std::string handle = name + std::string(64 - name.size(), 'h');
     const uint64_t bytes = values.size() * sizeof(T);
+    backend_.BeginSession(s);
     auto* data = reinterpret_cast<T*>(device_mapper_.AddObject(handle, bytes));
     std::memcpy(data, values.data(), bytes);
     EXPECT_OK(registry_.Register(s, name, core::CudaIpcSpec{handle, "GPU-fake", 0, bytes}));

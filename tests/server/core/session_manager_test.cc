@@ -57,6 +57,29 @@ TEST_F(SessionManagerTest, IdsAre128BitHexAndUnique) {
   EXPECT_EQ(sessions.count(), 50u);
 }
 
+// set_on_begin (the backend's IpcEventCache caches only for live
+// sessions): each opened session begins once, with its id, before Open
+// returns it; a refused Open begins nothing; a session's end follows its
+// begin.
+TEST_F(SessionManagerTest, EachOpenedSessionBeginsBeforeItsIdIsReturned) {
+  SessionManager sessions = Make(/*max_sessions=*/2);
+  std::vector<std::string> begun;
+  sessions.set_on_begin([&](const std::string& id) { begun.push_back(id); });
+  absl::StatusOr<SessionInfo> a = sessions.Open("a", absl::Seconds(1));
+  ASSERT_OK(a);
+  EXPECT_THAT(begun, ElementsAre(a->id));
+  absl::StatusOr<SessionInfo> b = sessions.Open("b", absl::ZeroDuration());
+  ASSERT_OK(b);
+  EXPECT_THAT(sessions.Open("c", absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(begun, ElementsAre(a->id, b->id)) << "a refused Open begins nothing";
+  Advance(absl::Seconds(2));
+  EXPECT_EQ(sessions.ReapExpired(), 1);
+  EXPECT_THAT(ended_, ElementsAre(a->id));
+  ASSERT_OK(sessions.Close(b->id));
+  EXPECT_THAT(ended_, ElementsAre(a->id, b->id));
+}
+
 TEST_F(SessionManagerTest, TtlDefaultsAndIsCapped) {
   SessionManager sessions = Make();
   EXPECT_EQ(sessions.Open("a", absl::ZeroDuration())->ttl, absl::Seconds(10));

@@ -47,6 +47,7 @@ class Forward final : public core::Backend {
                                                                  bool async) override {
     return b_->BeginChain(session, events, async);
   }
+  void BeginSession(const std::string& session) override { b_->BeginSession(session); }
   void EndSession(const std::string& session) override { b_->EndSession(session); }
   void AbandonPendingWork() override { b_->AbandonPendingWork(); }
   absl::StatusOr<std::unique_ptr<Staging>> AllocateStaging(uint64_t bytes) override {
@@ -119,7 +120,7 @@ TEST_F(ServerEventsTest, ServerInfoSaysEventsAreServedAndTheCaps) {
   EXPECT_TRUE(info.ipc_events());
   EXPECT_EQ(info.limits().max_async_executes_per_session(), 16u);
   EXPECT_EQ(info.limits().max_async_executes(), 256u);
-  EXPECT_EQ(info.limits().max_stuck_executes_per_session(), 4u);
+  EXPECT_EQ(info.limits().max_stuck_executes_per_session(), 8u);
   EXPECT_EQ(info.limits().max_stuck_executes(), 64u);
   EXPECT_EQ(info.limits().max_async_executes_per_peer(), 64u);
   EXPECT_EQ(info.limits().max_stuck_executes_per_peer(), 16u);
