@@ -26,10 +26,9 @@
 //    may synchronize the device) goes through the device's FreeGate AFTER
 //    the table's lock is released: queued for the gate's drainer thread,
 //    which runs it while the gate is open (never on the releasing thread,
-//    which may be the completion thread). A handle whose close is pending stays in the table with no
-//    reference, and the next Acquire of it reuses it: no second open, and no
-//    second pending close. When the pending close runs it closes the
-//    handle only if it is still unreferenced.
+//    which may be the completion thread). A handle whose close is pending stays in the table with
+//    no reference, and the next Acquire of it reuses it: no second open, and no second pending
+//    close. When the pending close runs it closes the handle only if it is still unreferenced.
 //  - A close that runs keeps its entry ("closing") until the driver's close
 //    returned: an Acquire of that handle meanwhile waits and then opens it
 //    afresh, so a close never races a new open of the same handle.

@@ -4,7 +4,8 @@
 // whole granules or not granule-aligned in its reservation, overlapping
 // maps, set-access over a range not mapped throughout, freeing a range with
 // a mapping inside, releasing twice), and can fail the n-th call of any
-// step. Fake allocations are keyed by the descriptor's number.
+// step. Fake allocations are keyed by the descriptor's number. Thread-safe
+// for the driver calls and its helpers (one lock).
 // AwaitVmmTeardowns: the mapper's teardowns run on the FreeGates' drainers,
 // never on the thread that drops a region: tests wait for them before they
 // look at the driver (or let it go).
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +59,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
         {0, kGpu0, 16 * 1024 * kMiB}, {1, kGpu1, 16 * 1024 * kMiB}, {2, kGpu2, 16 * 1024 * kMiB}};
   }
   Result Import(int device, int fd, Handle* handle) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("import");
     if (Fail(kImport)) return fail_result;
     auto it = allocations.find(fd);
@@ -67,6 +70,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result Location(int, Handle handle, VmmLocation* location) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("location");
     if (Fail(kLocation)) return fail_result;
     if (handles.count(handle) == 0) return kInvalidHandle;
@@ -74,6 +78,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result Granularity(int, Handle handle, uint64_t* bytes) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("granularity");
     if (Fail(kGetGranularity)) return fail_result;
     auto h = handles.find(handle);  // from the allocation's own properties
@@ -85,6 +90,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return a.granularity != 0 ? a.granularity : granularity;
   }
   Result Reserve(int, uint64_t size, uint64_t alignment, uint64_t* va) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("reserve");
     if (Fail(kReserve)) return fail_result;
     if (size == 0 || size % kMinGranule != 0 || alignment % kMinGranule != 0) return kInvalidValue;
@@ -94,6 +100,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result Map(int device, uint64_t va, uint64_t size, Handle handle) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("map");
     if (Fail(kMap)) return fail_result;
     auto r = Reservation(va, size);
@@ -113,6 +120,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result SetAccess(int device, uint64_t va, uint64_t size) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("access");
     if (Fail(kSetAccess)) return fail_result;
     // The range must be mapped throughout (by one or more mappings).
@@ -126,6 +134,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result Unmap(int, uint64_t va, uint64_t size) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("unmap");
     auto m = mapped.find(va);
     if (m == mapped.end() || m->second.first != size) return ++bad_calls, kInvalidValue;
@@ -136,6 +145,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result Free(int, uint64_t va, uint64_t size) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("free");
     auto r = reserved.find(va);
     if (r == reserved.end() || r->second != size) return ++bad_calls, kInvalidValue;
@@ -146,6 +156,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return kSuccess;
   }
   Result Release(int, Handle handle) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     calls.push_back("release");
     if (handles.erase(handle) == 0) return ++bad_calls, kInvalidHandle;
     released.push_back(handle);
@@ -173,10 +184,14 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
     return reserved.end();
   }
   int Count(const std::string& call) const {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     return static_cast<int>(std::count(calls.begin(), calls.end(), call));
   }
   // Nothing acquired is still held.
-  bool Clean() const { return handles.empty() && reserved.empty() && mapped.empty(); }
+  bool Clean() const {
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    return handles.empty() && reserved.empty() && mapped.empty();
+  }
 
   absl::Status available;
   uint64_t granularity = kGranularity;
@@ -186,6 +201,7 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
   // NVIDIA's) standing for an allocation of `size` bytes on device
   // `ordinal` (< 0: host memory).
   std::shared_ptr<const UniqueFd> AddAllocation(uint64_t size, int ordinal) {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     const int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     Allocation a;
     a.size = size;
@@ -212,6 +228,10 @@ class FakeCudaVmmDriver final : public CudaVmmDriver {
   std::vector<Handle> released;                              // in Release order
   std::vector<std::string> calls;
   int bad_calls = 0;
+  // The driver calls: teardowns run on the gates' drainers while a test
+  // thread maps (the real driver is thread-safe). Tests read the fields
+  // above directly only once AwaitVmmTeardowns returned.
+  mutable std::recursive_mutex mu;
 };
 
 }  // namespace tokensel::memory

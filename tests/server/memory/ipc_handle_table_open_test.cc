@@ -149,8 +149,9 @@ TEST_F(IpcHandleTableOpenTest, ABlockedOpenHoldsBackOnlyItsOwnHandle) {
   ASSERT_OK(a1);
   ASSERT_OK(a2);
   EXPECT_EQ(a1->data(), a2->data());
-  EXPECT_EQ(ops_.opens, 2);             // 'a' once, 'b' once
-  EXPECT_EQ(table_->open_count(), 1u);  // 'b' was released
+  EXPECT_EQ(ops_.opens, 2);  // 'a' once, 'b' once
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(table_->open_count(), 1u);  // 'b' was released (closed by the drainer)
 }
 
 // A failed open is shared with the Acquires that waited for it, and leaves
