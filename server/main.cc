@@ -62,6 +62,16 @@ ABSL_FLAG(uint32_t, max_buffers_total, 0,
 ABSL_FLAG(uint32_t, max_sessions_per_peer, 256,
           "Most open sessions of one peer (a unix uid, or a TCP address), so that no caller can "
           "take every --max_sessions slot.");
+ABSL_FLAG(uint32_t, max_waits_per_session, 8,
+          "Most Executes with a wait_event outstanding in one session: waiting on their event, "
+          "or stuck (left waiting after the request gave up: each holds its stream, its memory "
+          "within the budget, and keeps its device's deferred frees waiting until the event "
+          "completes); beyond it such an Execute is RESOURCE_EXHAUSTED. 0 < this <= "
+          "--max_waits_per_peer.");
+ABSL_FLAG(uint32_t, max_waits_per_peer, 64,
+          "The same, all the sessions of one peer (a unix uid, or a TCP address) together: the "
+          "workers of one job usually share a uid. <= --max_waits.");
+ABSL_FLAG(uint32_t, max_waits, 256, "The same, in the whole server.");
 ABSL_FLAG(uint64_t, memory_budget_bytes, 0,
           "Server memory that requests in flight may hold together (inline staging, kernel "
           "scratch, results); beyond it requests fail with RESOURCE_EXHAUSTED. 0 = a quarter of "
@@ -176,6 +186,9 @@ int main(int argc, char** argv) {
   options.max_buffers = absl::GetFlag(FLAGS_max_buffers);
   options.max_buffers_total = absl::GetFlag(FLAGS_max_buffers_total);
   options.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
+  options.max_waits_per_session = absl::GetFlag(FLAGS_max_waits_per_session);
+  options.max_waits_per_peer = absl::GetFlag(FLAGS_max_waits_per_peer);
+  options.max_waits = absl::GetFlag(FLAGS_max_waits);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.max_request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
   options.max_inflight = absl::GetFlag(FLAGS_max_inflight);

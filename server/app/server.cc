@@ -15,6 +15,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/backends/make_backend.h"
+#include "server/core/async_requests.h"
 #include "server/core/free_gate.h"
 #include "server/core/server_description.h"
 #include "server/grpc/handlers.h"
@@ -81,6 +82,11 @@ Server::StopFreeGates::~StopFreeGates() {
 
 absl::Status Server::Init() {
   if (options_.max_inflight == 0) return absl::InvalidArgumentError("max_inflight must be > 0");
+  core::AsyncLimits async_limits;
+  async_limits.stuck_per_session = options_.max_waits_per_session;
+  async_limits.stuck_per_peer = options_.max_waits_per_peer;
+  async_limits.stuck_total = options_.max_waits;
+  RETURN_IF_ERROR(async_limits.CheckWaitCaps());
   if (options_.max_buffers_total > memory::SigbusGuard::kCapacity) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_buffers_total must be <= ", memory::SigbusGuard::kCapacity));
@@ -120,7 +126,7 @@ absl::Status Server::Init() {
       options_.max_buffers_total != 0 ? options_.max_buffers_total : DefaultMaxBuffersTotal();
   registry_ = std::make_unique<core::BufferRegistry>(
       host_memory_.get(), cuda_ipc_.get(), cuda_vmm_.get(), registry_limits, metrics_.get());
-  async_ = std::make_unique<core::AsyncRequests>(core::AsyncLimits(), metrics_.get());
+  async_ = std::make_unique<core::AsyncRequests>(async_limits, metrics_.get());
   core::SessionLimits session_limits;
   session_limits.default_ttl = options_.session_ttl;
   session_limits.max_ttl = std::max(options_.max_session_ttl, options_.session_ttl);

@@ -92,6 +92,13 @@ struct ServerOptions {
   uint32_t max_inflight = 256;
   uint32_t max_sessions = 1024;
   uint32_t max_sessions_per_peer = 256;
+  // Executes with a wait_event outstanding (waiting on it, or stuck: left
+  // waiting after their request gave up), per session / per peer / in the
+  // server (core::AsyncLimits' wait caps, server/core/async_requests.h);
+  // 0 < per session <= per peer <= total, else Start is INVALID_ARGUMENT.
+  uint32_t max_waits_per_session = 8;
+  uint32_t max_waits_per_peer = 64;
+  uint32_t max_waits = 256;
   // MemoryBudget: 0 = a quarter of physical memory / min(that, 1 GiB).
   uint64_t memory_budget_bytes = 0;
   uint64_t max_request_memory_bytes = 0;
@@ -118,7 +125,7 @@ struct ServerOptions {
 class Server {
  public:
   // INVALID_ARGUMENT for bad options (shm prefix, listen address, backend
-  // name, socket group, the TCP security files and policy),
+  // name, socket group, the TCP security files and policy, the wait caps),
   // FAILED_PRECONDITION when a listener or the exposer cannot bind, a live
   // server owns the socket or the socket cannot be given its group/mode, and
   // the backend's errors.

@@ -13,6 +13,18 @@ constexpr absl::Duration kWaitPoll = absl::Milliseconds(5);
 
 }  // namespace
 
+absl::Status AsyncLimits::CheckWaitCaps() const {
+  // The names are the server's flags (server/main.cc), which set these.
+  if (stuck_per_session == 0 || stuck_per_session > stuck_per_peer ||
+      stuck_per_peer > stuck_total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the wait caps must be 0 < --max_waits_per_session <= --max_waits_per_peer <= "
+                     "--max_waits, not ",
+                     stuck_per_session, ", ", stuck_per_peer, ", ", stuck_total));
+  }
+  return absl::OkStatus();
+}
+
 AsyncRequests::Ticket::Ticket(Ticket&& other) noexcept
     : owner_(other.owner_),
       session_(std::move(other.session_)),

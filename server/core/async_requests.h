@@ -28,16 +28,18 @@
 // bound of a sync host wait; the completion queue watches the wait's
 // marker and calls Ticket::Abandon: stream_chain.h). Such a request stops counting
 // against the admission caps above (those are for requests that will
-// complete) and counts as *stuck* instead, under caps of its own:
-// stuck_per_session (8), stuck_per_peer (16) and stuck_total (64). A stuck
-// request completes (its ticket) when its event finally completes.
+// complete) and counts as *stuck* instead, under the wait caps:
+// stuck_per_session, stuck_per_peer and stuck_total (the server's flags
+// --max_waits_per_session, --max_waits_per_peer, --max_waits; 8, 64, 256 by
+// default). A stuck request completes (its ticket) when its event finally
+// completes.
 //
 // Wait slots (the fifth review: the stuck caps held only at admission, and
 // requests admitted below them turned stuck later unchecked: one uid with 4
 // sessions x 16 async waits never recorded held all 64 server-wide stuck
 // places after 60 s). The bound now holds by construction: a request with a
 // wait_event (`may_stick`, async or sync) takes a *wait slot* at Admit,
-// counted per session, per peer and in the server against the stuck caps:
+// counted per session, per peer and in the server against the wait caps:
 // Admit is RESOURCE_EXHAUSTED when waiting + stuck already reached a cap
 // (naming the cap, both counts and the scope; nothing is counted). The
 // slot is given back as soon as the wait is known to have passed
@@ -48,19 +50,34 @@
 // ticket without one does nothing: its stream waits on nothing of the
 // client's). So at every moment waiting + stuck <= the caps, whatever the
 // timing, and a client whose events never complete can stick at most what
-// it was admitted to wait for. Why 8 per session (was 4): the number now
-// bounds the waits *pending* at once, and a pipelining client may queue a
-// few steps ahead, each waiting on its own event; per peer (16) and per
-// server (64) are unchanged, so what one peer can pin is unchanged.
+// it was admitted to wait for: the caps bound the waits *outstanding*
+// (waiting or stuck), not only the stuck ones. What a stuck request holds:
+// its stream, its memory reservation (within --memory_budget_bytes), its
+// buffers' leases, and its device's FreeGate stays closed (deferred frees
+// of that device wait: server/core/free_gate.h).
+//
+// The numbers (the seventh review: 16 per peer and 64 per server, sized for
+// requests *stuck* 60 s, refused well-behaved pipelining once they counted
+// every pending wait: one uid is usually every worker of one job, 8
+// workers x 2-3 steps queued ahead are 16-24 pending waits, and 4 such
+// uids took the server's 64). 8 per session: a client may queue a few steps
+// ahead of its events. 64 per peer = per_peer and 256 per server = total,
+// the in-flight caps: a wait slot is taken only by a request admitted in
+// flight, so what stuck requests can pin is no more than what admission
+// already lets requests in flight pin at once, and one peer can pin at
+// most a quarter of the server's. Flags, since the right numbers depend on
+// the jobs (AsyncLimits::CheckWaitCaps: 0 < per session <= per peer <=
+// total).
 //
 // Per peer (the fourth review): every cap counts per session, per peer
 // (`peer`: core::Peer::Principal() of the caller, the identity
-// max_sessions_per_peer counts; "" in tests) and in the server, and
-// per_peer < total, stuck_per_peer < stuck_total. So one peer, however many
-// sessions it opens (up to max_sessions_per_peer, 256), holds at most
-// per_peer (64) in flight and stuck_per_peer (16) waiting or stuck: it cannot take the
-// server-wide admission (or the stuck cap) from other peers; requests
-// without a wait_event are never refused for stuck ones.
+// max_sessions_per_peer counts; "" in tests) and in the server, and by
+// default per_peer < total, stuck_per_peer < stuck_total. So one peer,
+// however many sessions it opens (up to max_sessions_per_peer, 256), holds
+// at most per_peer (64) in flight and stuck_per_peer (64) waiting or stuck:
+// it cannot take the server-wide admission (256) or wait cap (256) from
+// other peers; requests without a wait_event are never refused for stuck
+// ones.
 //
 // WaitSession / WaitAll block until nothing is in flight or stuck (for the session /
 // anywhere), polling `check` (a stop token) every few milliseconds: its
@@ -87,12 +104,20 @@ namespace tokensel::core {
 class ServiceMetrics;
 
 struct AsyncLimits {
-  uint32_t per_session = 16;       // async Executes in flight per session
-  uint32_t total = 256;            // ... in the whole server
-  uint32_t stuck_per_session = 8;  // waiting on, or abandoned on, a client's wait_event
-  uint32_t stuck_total = 64;       // ... in the whole server
-  uint32_t per_peer = 64;          // in flight, all the sessions of one peer together
-  uint32_t stuck_per_peer = 16;    // waiting or stuck, ... of one peer
+  uint32_t per_session = 16;  // async Executes in flight per session
+  uint32_t total = 256;       // ... in the whole server
+  // The wait caps: Executes with a wait_event outstanding (waiting on it,
+  // or abandoned while waiting: stuck), per session (--max_waits_per_session)
+  uint32_t stuck_per_session = 8;
+  uint32_t stuck_total = 256;    // ... in the whole server (--max_waits)
+  uint32_t per_peer = 64;        // in flight, all the sessions of one peer together
+  uint32_t stuck_per_peer = 64;  // waiting or stuck, ... of one peer (--max_waits_per_peer)
+
+  // OK when 0 < stuck_per_session <= stuck_per_peer <= stuck_total;
+  // INVALID_ARGUMENT naming the flags and their values otherwise (a
+  // session's cap above its peer's, or a peer's above the server's, would
+  // be a cap that never applies).
+  absl::Status CheckWaitCaps() const;
 };
 
 class AsyncRequests {

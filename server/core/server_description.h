@@ -35,7 +35,9 @@ struct ServerDescription {
   bool ipc_events = false;                // Execute's wait_event / record_event are served
   uint32_t max_async_executes_per_session = 0;
   uint32_t max_async_executes = 0;
-  uint32_t max_stuck_executes_per_session = 0;  // async_requests.h: stuck
+  // The wait caps (async_requests.h): wait_events outstanding, waiting or
+  // stuck (--max_waits_per_session, --max_waits, --max_waits_per_peer).
+  uint32_t max_stuck_executes_per_session = 0;
   uint32_t max_stuck_executes = 0;
   uint32_t max_async_executes_per_peer = 0;  // all the sessions of one peer
   uint32_t max_stuck_executes_per_peer = 0;

@@ -2,10 +2,15 @@
 // deferred errors, waiting, and the stuck caps of abandoned requests.
 #include "server/core/async_requests.h"
 
+#include <algorithm>
 #include <deque>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -118,50 +123,157 @@ TEST(AsyncRequestsTest, OnePeerCannotTakeTheServersCapsWithManySessions) {
 // admitted below them turned stuck later unchecked (one uid: 4 sessions x
 // 16 async waits never recorded -> 64 stuck after 60 s, the server-wide
 // cap, so every other peer's wait_event was refused). Each request with a
-// wait_event now takes a wait slot under the stuck caps, kept when it turns
-// stuck: waiting + stuck never exceeds a cap. With the server's defaults.
+// wait_event now takes a wait slot under the wait caps, kept when it turns
+// stuck: waiting + stuck never exceeds a cap. With the server's defaults
+// (the seventh review's numbers: 8 per session, 64 per peer, 256 in all).
 TEST(AsyncRequestsTest, WaitsThatNeverPassCannotExceedTheStuckCaps) {
   core::AsyncRequests async{core::AsyncLimits()};
   const core::AsyncLimits& l = async.limits();
-  std::vector<core::AsyncRequests::Ticket> mine;
-  for (const std::string s : {"a1", "a2", "a3", "a4"}) {
-    for (uint32_t i = 0; i < l.per_session; ++i) {
-      absl::StatusOr<core::AsyncRequests::Ticket> t = async.Admit(s, "uid:1", true);
-      if (!t.ok()) {
-        EXPECT_THAT(t.status(), StatusIs(StatusCode::kResourceExhausted, "wait_event")) << s;
-        break;
+  ASSERT_EQ(l.stuck_per_session, 8u);
+  ASSERT_EQ(l.stuck_per_peer, 64u);
+  ASSERT_EQ(l.stuck_total, 256u);
+  // Admits waits for `peer` in new sessions "<peer>/0", "<peer>/1", ... (at
+  // most `per_session_asked` each) until `count` were admitted or one is
+  // refused (its status in `*refused`).
+  std::map<std::string, int> sessions_of;
+  auto fill = [&](const std::string& peer, uint32_t count, uint32_t per_session_asked,
+                  std::vector<core::AsyncRequests::Ticket>* out, absl::Status* refused) {
+    for (uint32_t n = 0; n < count;) {
+      const std::string session = absl::StrCat(peer, "/", sessions_of[peer]++);
+      for (uint32_t i = 0; i < per_session_asked && n < count; ++i, ++n) {
+        absl::StatusOr<core::AsyncRequests::Ticket> t = async.Admit(session, peer, true);
+        if (!t.ok()) {
+          *refused = t.status();
+          return;
+        }
+        out->push_back(*std::move(t));
       }
-      mine.push_back(*std::move(t));
     }
-  }
+  };
+  std::vector<core::AsyncRequests::Ticket> mine;
+  absl::Status refused;
+  // Asking 16 per session: the session's cap (8) refuses the 9th.
+  fill("uid:1", 16, 16, &mine, &refused);
+  EXPECT_THAT(refused, StatusIs(StatusCode::kResourceExhausted, "in this session, the limit is 8"));
+  EXPECT_EQ(mine.size(), 8u);
+  // Many sessions: the peer's cap.
+  refused = absl::OkStatus();
+  fill("uid:1", 1000, 8, &mine, &refused);
+  EXPECT_THAT(refused, StatusIs(StatusCode::kResourceExhausted, "for peer uid:1"));
   EXPECT_EQ(mine.size(), l.stuck_per_peer) << "the peer's waits are capped at admission";
   // Another peer still gets its wait slots, in two sessions.
   std::vector<core::AsyncRequests::Ticket> theirs;
-  for (const std::string s : {"b1", "b2"}) {
-    for (uint32_t i = 0; i < l.stuck_per_session; ++i) {
-      absl::StatusOr<core::AsyncRequests::Ticket> t = async.Admit(s, "uid:2", true);
-      ASSERT_OK(t) << s << " " << i;
-      theirs.push_back(*std::move(t));
-    }
-  }
+  refused = absl::OkStatus();
+  fill("uid:2", 2 * l.stuck_per_session, l.stuck_per_session, &theirs, &refused);
+  ASSERT_OK(refused);
   // 60 s later every wait turned stuck: still within every cap.
   for (core::AsyncRequests::Ticket& t : mine) t.Abandon();
   for (core::AsyncRequests::Ticket& t : theirs) t.Abandon();
   EXPECT_EQ(async.peer_stuck("uid:1"), l.stuck_per_peer);
   EXPECT_LE(async.stuck(), l.stuck_total);
   EXPECT_EQ(async.waiting(), 0u);
-  // A third peer is served: uid:1 did not take the server's stuck cap.
+  // A third peer is served: uid:1 did not take the server's wait cap.
   absl::StatusOr<core::AsyncRequests::Ticket> third = async.Admit("c", "uid:3", true);
   ASSERT_OK(third);
-  EXPECT_THAT(async.Admit("a5", "uid:1", true).status(),
+  EXPECT_THAT(async.Admit("uid:1/x", "uid:1", true).status(),
               StatusIs(StatusCode::kResourceExhausted,
-                       "16 Executes with a wait_event that has not completed (0 waiting on it, "
-                       "16 abandoned while waiting on a wait_event) for peer uid:1 (all its "
-                       "sessions), the limit is 16"));
-  EXPECT_OK(async.Admit("a5", "uid:1", false)) << "no wait_event: not refused for stuck ones";
+                       "64 Executes with a wait_event that has not completed (0 waiting on it, "
+                       "64 abandoned while waiting on a wait_event) for peer uid:1 (all its "
+                       "sessions), the limit is 64"));
+  EXPECT_OK(async.Admit("uid:1/x", "uid:1", false)) << "no wait_event: not refused for stuck ones";
+  // The server's cap, by construction too: more peers fill it (waiting and
+  // stuck mixed), and the first wait beyond it is refused, whoever asks.
+  std::vector<core::AsyncRequests::Ticket> others;
+  for (int peer = 4; refused.ok() || !absl::StrContains(refused.message(), "in the server");
+       ++peer) {
+    refused = absl::OkStatus();
+    ASSERT_LT(peer, 20) << "the server's cap never refused";
+    fill(absl::StrCat("uid:", peer), l.stuck_per_peer, l.stuck_per_session, &others, &refused);
+    if (peer % 2 == 0) {
+      for (core::AsyncRequests::Ticket& t : others) t.Abandon();
+    }
+  }
+  EXPECT_THAT(refused, StatusIs(StatusCode::kResourceExhausted, "in the server, the limit is 256"));
+  EXPECT_EQ(async.waiting() + async.stuck(), l.stuck_total);
+  EXPECT_THAT(async.Admit("d", "uid:99", true).status(),
+              StatusIs(StatusCode::kResourceExhausted, "in the server, the limit is 256"));
+  *third = core::AsyncRequests::Ticket();
+  EXPECT_OK(async.Admit("d", "uid:99", true)) << "a slot given back is taken again";
   mine.clear();
   theirs.clear();
+  others.clear();
   EXPECT_EQ(async.stuck(), 0u);
+}
+
+// The seventh review: the wait caps count *pending* waits, so at 16 per
+// peer and 64 per server they refused well-behaved pipelines (one uid is
+// every worker of a job). 3 peers x 16 workers (sessions), each keeping 2
+// steps queued ahead of its events (96 waits pending, 32 per peer), whose
+// waits all pass (in a random interleaving) and whose requests complete a
+// step later: never refused with the defaults.
+TEST(AsyncRequestsTest, PipelinedWaitsThatPassAreNeverRefused) {
+  core::AsyncRequests async{core::AsyncLimits()};
+  struct Worker {
+    std::string session;
+    std::string peer;
+    std::deque<core::AsyncRequests::Ticket> waiting;  // oldest first
+    std::deque<core::AsyncRequests::Ticket> passed;   // still in flight
+  };
+  std::vector<Worker> workers(3 * 16);
+  for (size_t i = 0; i < workers.size(); ++i) {
+    workers[i].peer = absl::StrCat("uid:", i / 16);
+    workers[i].session = absl::StrCat("s", i);
+  }
+  std::mt19937 rng(7);
+  uint32_t most_waiting = 0;
+  for (int step = 0; step < 20000; ++step) {
+    Worker& w = workers[rng() % workers.size()];
+    if (w.waiting.size() < 2) {
+      absl::StatusOr<core::AsyncRequests::Ticket> t = async.Admit(w.session, w.peer, true);
+      ASSERT_OK(t) << "step " << step << ", " << w.session << " with " << w.waiting.size()
+                   << " waits queued, " << async.peer_waiting(w.peer) << " for its peer, "
+                   << async.waiting() << " in the server";
+      w.waiting.push_back(*std::move(t));
+      most_waiting = std::max(most_waiting, async.waiting());
+      continue;
+    }
+    // Its oldest wait passes (the completion thread saw the marker); the
+    // request before it completes.
+    w.waiting.front().WaitPassed();
+    w.passed.push_back(std::move(w.waiting.front()));
+    w.waiting.pop_front();
+    if (w.passed.size() > 1) {
+      w.passed.front().Complete(absl::OkStatus());
+      w.passed.pop_front();
+    }
+  }
+  EXPECT_GT(most_waiting, 64u) << "the test must queue more than the old server-wide cap";
+  EXPECT_EQ(async.rejected(), 0u);
+  EXPECT_EQ(async.stuck(), 0u);
+  workers.clear();
+  EXPECT_TRUE(async.WaitAll(absl::Milliseconds(1)));
+}
+
+// The server's flags --max_waits_per_session <= --max_waits_per_peer <=
+// --max_waits, all > 0 (Server::Start refuses others with this status).
+TEST(AsyncRequestsTest, TheWaitCapsMustNestAndBePositive) {
+  EXPECT_OK(core::AsyncLimits().CheckWaitCaps());
+  auto caps = [](uint32_t session, uint32_t peer, uint32_t total) {
+    core::AsyncLimits l;
+    l.stuck_per_session = session;
+    l.stuck_per_peer = peer;
+    l.stuck_total = total;
+    return l.CheckWaitCaps();
+  };
+  EXPECT_OK(caps(1, 1, 1));
+  EXPECT_OK(caps(8, 8, 300));
+  EXPECT_THAT(caps(0, 64, 256),
+              StatusIs(StatusCode::kInvalidArgument,
+                       "0 < --max_waits_per_session <= --max_waits_per_peer <= --max_waits, not "
+                       "0, 64, 256"));
+  EXPECT_THAT(caps(65, 64, 256), StatusIs(StatusCode::kInvalidArgument, "not 65, 64, 256"));
+  EXPECT_THAT(caps(8, 257, 256), StatusIs(StatusCode::kInvalidArgument, "not 8, 257, 256"));
+  EXPECT_THAT(caps(8, 64, 0), StatusIs(StatusCode::kInvalidArgument, "not 8, 64, 0"));
 }
 
 // A slot goes back as soon as the wait passed (WaitPassed) or the request

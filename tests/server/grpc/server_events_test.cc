@@ -121,9 +121,38 @@ TEST_F(ServerEventsTest, ServerInfoSaysEventsAreServedAndTheCaps) {
   EXPECT_EQ(info.limits().max_async_executes_per_session(), 16u);
   EXPECT_EQ(info.limits().max_async_executes(), 256u);
   EXPECT_EQ(info.limits().max_stuck_executes_per_session(), 8u);
-  EXPECT_EQ(info.limits().max_stuck_executes(), 64u);
+  EXPECT_EQ(info.limits().max_stuck_executes(), 256u);
   EXPECT_EQ(info.limits().max_async_executes_per_peer(), 64u);
-  EXPECT_EQ(info.limits().max_stuck_executes_per_peer(), 16u);
+  EXPECT_EQ(info.limits().max_stuck_executes_per_peer(), 64u);
+}
+
+// The wait caps are the server's options (flags --max_waits_per_session,
+// --max_waits_per_peer, --max_waits), reported in ServerInfo.limits; caps
+// that do not nest (0 < session <= peer <= server) refuse to start.
+TEST_F(ServerEventsTest, TheWaitCapsAreOptionsCheckedAtStart) {
+  auto start = [this](uint32_t session, uint32_t peer, uint32_t total) {
+    ServerOptions options;
+    options.make_backend = [this]() -> absl::StatusOr<std::unique_ptr<core::Backend>> {
+      return std::unique_ptr<core::Backend>(new Forward(&backend_));
+    };
+    options.max_waits_per_session = session;
+    options.max_waits_per_peer = peer;
+    options.max_waits = total;
+    return InProcessServer::Start(std::move(options));
+  };
+  absl::StatusOr<std::unique_ptr<InProcessServer>> custom = start(3, 5, 7);
+  ASSERT_OK(custom);
+  grpc::ClientContext ctx;
+  v1::ServerInfo info;
+  ASSERT_OK(ToAbsl((*custom)->stub().GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info)));
+  EXPECT_EQ(info.limits().max_stuck_executes_per_session(), 3u);
+  EXPECT_EQ(info.limits().max_stuck_executes_per_peer(), 5u);
+  EXPECT_EQ(info.limits().max_stuck_executes(), 7u);
+  custom->reset();
+  EXPECT_THAT(start(9, 8, 256).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not 9, 8, 256"));
+  EXPECT_THAT(start(0, 8, 256).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(start(8, 64, 63).status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // The per-peer cap reaches the admission through the gRPC layer (the

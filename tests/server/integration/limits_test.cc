@@ -207,5 +207,28 @@ TEST_F(LimitsTest, HugeSWithTinyTensorsNeedsNoHugeScratch) {
   ExpectStillServes();
 }
 
+// The wait caps' flags (--max_waits_per_session, --max_waits_per_peer,
+// --max_waits): caps that do not nest (0 < session <= peer <= server)
+// refuse to start, naming the flags; nested ones serve.
+TEST_F(LimitsTest, WaitCapFlagsThatDoNotNestRefuseToStart) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--max_waits_per_session=0"},
+           {"--max_waits_per_session=65"},
+           {"--max_waits_per_peer=300"},
+           {"--max_waits_per_session=4", "--max_waits_per_peer=16", "--max_waits=15"}}) {
+    auto server = ServerProcess::Start({.extra_args = args, .wait_for_startup = false});
+    ASSERT_OK(server);
+    absl::StatusOr<int> code = (*server)->WaitForExit(absl::Seconds(30));
+    ASSERT_OK(code);
+    EXPECT_EQ(*code, 1) << args[0];
+    EXPECT_THAT((*server)->Output(),
+                HasSubstr("0 < --max_waits_per_session <= --max_waits_per_peer <= --max_waits"))
+        << args[0];
+  }
+  StartServer(
+      {.extra_args = {"--max_waits_per_session=1", "--max_waits_per_peer=1", "--max_waits=1"}});
+  ExpectStillServes();
+}
+
 }  // namespace
 }  // namespace tokensel::itest
