@@ -49,10 +49,15 @@
 // recording one signals whoever waits on it, which is what knowing the
 // handle allows anyway.
 //
-// Thread-safe; opens are serialized by the cache's lock (as the memory
-// mapper's are: a handle is never opened twice at once); events are
-// destroyed outside the lock. The device outlives
-// the cache and every IpcEvent.
+// Thread-safe. No driver call runs under the cache's lock (the seventh
+// review: Get held it across OpenIpcEvent and its probe, and BeginSession,
+// which SessionManager calls under its own lock, waited for it, so one
+// client's slow open stalled every session Open and request): Get looks up,
+// unlocks, opens, relocks and inserts; of two Gets of one session and
+// handle that both opened, the first to insert is kept and the other's
+// event destroyed (a second open of a handle is allowed, above). Events
+// are destroyed outside the lock. The device outlives the cache and every
+// IpcEvent.
 #ifndef TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
 #define TOKENSEL_SERVER_BACKENDS_IPC_EVENT_CACHE_H_
 
@@ -107,6 +112,11 @@ class IpcEventCache {
  private:
   // Most recently used first.
   using Lru = std::list<std::pair<std::string, std::shared_ptr<IpcEvent>>>;
+
+  // `session`'s cached event for `key`, made most recently used; null if
+  // none (or the session is not live).
+  std::shared_ptr<IpcEvent> FindLocked(const std::string& session, const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   StreamDevice* const device_;
   const size_t per_session_;

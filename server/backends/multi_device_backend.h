@@ -81,7 +81,10 @@ class MultiDeviceBackend final : public core::Backend {
   absl::StatusOr<std::unique_ptr<core::RequestChain>> BeginChain(const std::string& session,
                                                                  const core::IpcEvents& events,
                                                                  bool async) override;
-  void BeginSession(const std::string& session) override;        // every device's
+  // Every device's. If one throws, the devices before it have begun: the
+  // caller ends the session (SessionManager::Open runs on_end), and an end
+  // of a session a device never began does nothing there.
+  void BeginSession(const std::string& session) override;
   void EndSession(const std::string& session) override;          // every device's
   void AbandonPendingWork() override;                            // every device's
   void AttachMemoryBudget(core::MemoryBudget* budget) override;  // every device's

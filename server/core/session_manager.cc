@@ -43,6 +43,39 @@ void SessionManager::EraseExpiredLocked(absl::Time now, std::vector<std::string>
   }
 }
 
+absl::Status SessionManager::CheckRoomLocked(const std::string& owner, absl::Time now,
+                                             std::vector<std::string>* expired) {
+  // Both counts include the Opens between their reservation and their
+  // insertion (opening_), so an Open that passed here is never refused
+  // after its begin.
+  auto owned = [&] {
+    auto it = per_owner_.find(owner);
+    return it == per_owner_.end() ? uint32_t{0} : it->second;
+  };
+  const auto total = [&] { return sessions_.size() + opening_.size(); };
+  // Make room from sessions whose lease has run out before refusing.
+  if (total() >= limits_.max_sessions || owned() >= limits_.max_sessions_per_peer) {
+    EraseExpiredLocked(now, expired);
+  }
+  if (owned() >= limits_.max_sessions_per_peer) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session: ", owner, " already has ", owned(),
+                     " open sessions, the limit per peer (max_sessions_per_peer) is ",
+                     limits_.max_sessions_per_peer, "; close some or let their leases expire"));
+  }
+  if (total() >= limits_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session: ", total(), " sessions are open, the limit is ", limits_.max_sessions));
+  }
+  return absl::OkStatus();
+}
+
+void SessionManager::UnreserveLocked(const std::string& id, const std::string& owner) {
+  opening_.erase(id);
+  auto it = per_owner_.find(owner);
+  if (it != per_owner_.end() && --it->second == 0) per_owner_.erase(it);
+}
+
 absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
                                                  absl::Duration requested_ttl, const Peer& peer) {
   if (requested_ttl < absl::ZeroDuration()) {
@@ -53,42 +86,73 @@ absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
                                  : std::min(requested_ttl, limits_.max_ttl);
   const std::string owner = peer.Principal();
   std::vector<std::string> expired;
-  SessionInfo info;
+  std::string id;
+  EndCallback begin;
   absl::Status status;
+  // 1. Under the lock: the room is checked and reserved (counted for the
+  // owner and in all, as an open session is), and a fresh id drawn. A
+  // refusal begins nothing.
   {
     tokensel::MutexLock lock(&mu_);
-    const absl::Time now = clock_();
-    auto owned = [&] {
-      auto it = per_owner_.find(owner);
-      return it == per_owner_.end() ? uint32_t{0} : it->second;
-    };
-    // Make room from sessions whose lease has run out before refusing.
-    if (sessions_.size() >= limits_.max_sessions || owned() >= limits_.max_sessions_per_peer) {
-      EraseExpiredLocked(now, &expired);
-    }
-    if (owned() >= limits_.max_sessions_per_peer) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("session: ", owner, " already has ", owned(),
-                       " open sessions, the limit per peer (max_sessions_per_peer) is ",
-                       limits_.max_sessions_per_peer, "; close some or let their leases expire"));
-    } else if (sessions_.size() >= limits_.max_sessions) {
-      status = absl::ResourceExhaustedError(absl::StrCat("session: ", sessions_.size(),
-                                                         " sessions are open, the limit is ",
-                                                         limits_.max_sessions));
-    } else {
-      std::string id = SecureRandomHex128();
-      while (sessions_.count(id) != 0) id = SecureRandomHex128();  // 2^-128; for form's sake
-      sessions_.emplace(id, Entry{client_name, owner, ttl, now + ttl, 0});
-      ++per_owner_[owner];
-      info = SessionInfo{id, client_name, ttl, owner};
-      // Under the lock: no End of this id can run before it (top of the
-      // header).
-      if (on_begin_) on_begin_(id);
+    status = CheckRoomLocked(owner, clock_(), &expired);
+    if (status.ok()) {
+      id = SecureRandomHex128();
+      // 2^-128; for form's sake.
+      while (sessions_.count(id) != 0 || opening_.count(id) != 0) id = SecureRandomHex128();
+      begin = on_begin_;
+      opening_.insert(id);
+      try {
+        ++per_owner_[owner];
+      } catch (...) {
+        opening_.erase(id);
+        throw;
+      }
     }
     UpdateGaugeLocked();
   }
-  for (const std::string& id : expired) End(id);
+  for (const std::string& e : expired) End(e);
   if (!status.ok()) return status;
+  // 2. The begin, outside the lock (the seventh review: it ran under it, and
+  // the backend's BeginSession takes every device's event cache lock, so a
+  // driver call under one of those stalled every Open and, behind it, every
+  // request's Touch; and a throw there, after the insertion, left a session
+  // whose id nobody learnt holding a slot until its lease ran out). No
+  // request can name the id yet: nobody knows it. If it throws, the
+  // reservation goes back, the id ends (the begin may have got part way:
+  // some devices' caches begun, not others; an end of what was not begun
+  // does nothing) and the exception goes to the caller (the gRPC handler
+  // answers it): nothing is left taken.
+  try {
+    if (begin) begin(id);
+  } catch (...) {
+    {
+      tokensel::MutexLock lock(&mu_);
+      UnreserveLocked(id, owner);
+    }
+    End(id);
+    throw;
+  }
+  // 3. The reservation becomes the session (no refusal is possible here:
+  // the room was reserved). Only an allocation failure can stop it: then
+  // the begun id ends at once (its end follows its begin, as always). The
+  // answer is built first: nothing after the insertion may throw (a
+  // session whose id the client never learns would hold a slot).
+  SessionInfo info;
+  try {
+    info = SessionInfo{id, client_name, ttl, owner};
+    tokensel::MutexLock lock(&mu_);
+    const absl::Time now = clock_();
+    sessions_.emplace(id, Entry{client_name, owner, ttl, now + ttl, 0});
+    opening_.erase(id);
+    UpdateGaugeLocked();
+  } catch (...) {
+    {
+      tokensel::MutexLock lock(&mu_);
+      UnreserveLocked(id, owner);
+    }
+    End(id);
+    throw;
+  }
   TS_LOG(DEBUG) << "session opened by " << owner << " for client '" << client_name << "', ttl "
                 << ttl;
   return info;
@@ -176,9 +240,10 @@ void SessionManager::CloseAll() {
   std::vector<std::string> ids;
   {
     tokensel::MutexLock lock(&mu_);
-    for (const auto& [id, entry] : sessions_) ids.push_back(id);
-    sessions_.clear();
-    per_owner_.clear();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      ids.push_back(it->first);
+      EraseLocked(it++);  // keeps the counts of Opens still reserving
+    }
     UpdateGaugeLocked();
   }
   for (const std::string& id : ids) End(id);

@@ -16,11 +16,16 @@
 // Ids are 128 random bits from the kernel's CSPRNG, as 32 hex characters.
 //
 // Begin: set_on_begin(f) makes Open run f(session_id) for each session it
-// opens, under the internal lock, before the id is returned (so before any
-// request can name it), and after the session is in the table: a session's
-// on_end always follows its on_begin (the server wires both to the
-// backend, whose IpcEventCache caches only for live sessions). f must not
-// call back into the manager.
+// opens, before the id is returned (so before any request can name it) and
+// before the session is in the table (so before anything can end it): a
+// session's on_end always follows its on_begin (the server wires both to
+// the backend, whose IpcEventCache caches only for live sessions). f runs
+// outside the internal lock (the seventh review: under it, a slow f, or
+// one waiting for a lock held across a driver call, stalled every Open and
+// Touch); Open reserves the session's room first, so a refused Open begins
+// nothing and an Open whose f ran is not refused after it. If f throws,
+// on_end runs for the id (f may have begun part of it) and Open throws:
+// no slot, no session is left. f runs without the lock.
 //
 // Thread-safe. `on_end` runs outside the internal lock.
 #ifndef TOKENSEL_SERVER_CORE_SESSION_MANAGER_H_
@@ -29,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -100,6 +106,14 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases `it`, keeping the per-owner counts.
   void EraseLocked(std::map<std::string, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when `owner` may open one more session (expired ones are erased into
+  // `expired` first if needed); RESOURCE_EXHAUSTED naming the limit.
+  absl::Status CheckRoomLocked(const std::string& owner, absl::Time now,
+                               std::vector<std::string>* expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back an Open's reservation (its id in opening_, its owner's count).
+  void UnreserveLocked(const std::string& id, const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionLimits limits_;
@@ -108,7 +122,11 @@ class SessionManager {
   const Clock clock_;
   mutable tokensel::Mutex mu_;
   std::map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  // Open sessions and reserved ones (opening_) of each owner.
   std::map<std::string, uint32_t> per_owner_ ABSL_GUARDED_BY(mu_);
+  // Ids of Opens between their reservation and their insertion (their
+  // on_begin runs meanwhile): counted against the caps like open ones.
+  std::set<std::string> opening_ ABSL_GUARDED_BY(mu_);
   EndCallback on_begin_ ABSL_GUARDED_BY(mu_);
 };
 

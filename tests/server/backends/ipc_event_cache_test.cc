@@ -67,8 +67,9 @@ class HeldOpenDevice final : public StreamDevice {
 class IpcEventCacheLockTest : public ::testing::Test {
  protected:
   IpcEventCacheLockTest()
-      : sessions_(core::SessionLimits(), [this](const std::string& id) { cache_.EndSession(id); },
-                  nullptr) {
+      : sessions_(
+            core::SessionLimits(), [this](const std::string& id) { cache_.EndSession(id); },
+            nullptr) {
     sessions_.set_on_begin([this](const std::string& id) { cache_.BeginSession(id); });
   }
   ~IpcEventCacheLockTest() override {

@@ -1,5 +1,6 @@
 #include "server/core/session_manager.h"
 
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -78,6 +79,37 @@ TEST_F(SessionManagerTest, EachOpenedSessionBeginsBeforeItsIdIsReturned) {
   EXPECT_THAT(ended_, ElementsAre(a->id));
   ASSERT_OK(sessions.Close(b->id));
   EXPECT_THAT(ended_, ElementsAre(a->id, b->id));
+}
+
+// The seventh review: the begin ran under the manager's lock after the
+// insertion, so a begin that threw (std::bad_alloc in the backend's
+// BeginSession) left a session whose id the client never learnt holding a
+// slot until its lease ran out. Now the begin runs before the insertion:
+// a throw leaves no slot taken (of max_sessions nor of the peer's), and
+// the id's end follows its (partial) begin.
+TEST_F(SessionManagerTest, ABeginThatThrowsLeavesNoSessionSlotTaken) {
+  SessionManager sessions = Make(/*max_sessions=*/1, nullptr, /*per_peer=*/1);
+  std::vector<std::string> begun;
+  bool fail = true;
+  sessions.set_on_begin([&](const std::string& id) {
+    begun.push_back(id);
+    if (fail) throw std::bad_alloc();
+  });
+  EXPECT_THROW((void)sessions.Open("a", absl::ZeroDuration()), std::bad_alloc);
+  EXPECT_EQ(sessions.count(), 0u);
+  ASSERT_EQ(begun.size(), 1u);
+  EXPECT_THAT(ended_, ElementsAre(begun[0])) << "its end follows its begin";
+  fail = false;
+  absl::StatusOr<SessionInfo> b = sessions.Open("b", absl::ZeroDuration());
+  ASSERT_OK(b) << "the failed Open took the only slot";
+  EXPECT_EQ(sessions.count(), 1u);
+  EXPECT_THAT(sessions.Touch(begun[0]), StatusIs(absl::StatusCode::kNotFound));
+  // The begin runs without the manager's lock (it may call back in).
+  size_t seen = 99;
+  sessions.set_on_begin([&](const std::string&) { seen = sessions.count(); });
+  ASSERT_OK(sessions.Close(b->id));
+  ASSERT_OK(sessions.Open("c", absl::ZeroDuration()));
+  EXPECT_EQ(seen, 0u);
 }
 
 TEST_F(SessionManagerTest, TtlDefaultsAndIsCapped) {
