@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
       "[--listen=0.0.0.0:50051] [flags]");
   std::vector<std::string> merged = MergeListenFlags(argc, argv);
   std::vector<char*> merged_argv;
+  merged_argv.reserve(merged.size());
   for (std::string& arg : merged) merged_argv.push_back(arg.data());
   absl::ParseCommandLine(static_cast<int>(merged_argv.size()), merged_argv.data());
 

@@ -1,6 +1,8 @@
 #include "server/core/session_manager.h"
 
 #include <algorithm>
+#include <exception>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -78,6 +80,23 @@ void SessionManager::UnreserveLocked(const std::string& id, const std::string& o
 
 absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
                                                  absl::Duration requested_ttl, const Peer& peer) {
+  // OpenSession's handler does not catch: gRPC would answer an exception
+  // escaping its callback with UNIMPLEMENTED, which misleads the client.
+  // What OpenOrThrow took is given back before its exception gets here.
+  try {
+    return OpenOrThrow(client_name, requested_ttl, peer);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("session: out of memory opening a session; retry later");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("session: opening a session failed: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("session: opening a session failed (an unknown exception)");
+  }
+}
+
+absl::StatusOr<SessionInfo> SessionManager::OpenOrThrow(const std::string& client_name,
+                                                        absl::Duration requested_ttl,
+                                                        const Peer& peer) {
   if (requested_ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
   }
@@ -120,8 +139,8 @@ absl::StatusOr<SessionInfo> SessionManager::Open(const std::string& client_name,
   // request can name the id yet: nobody knows it. If it throws, the
   // reservation goes back, the id ends (the begin may have got part way:
   // some devices' caches begun, not others; an end of what was not begun
-  // does nothing) and the exception goes to the caller (the gRPC handler
-  // answers it): nothing is left taken.
+  // does nothing) and the exception goes to Open (a status): nothing is
+  // left taken.
   try {
     if (begin) begin(id);
   } catch (...) {

@@ -24,8 +24,8 @@
 // one waiting for a lock held across a driver call, stalled every Open and
 // Touch); Open reserves the session's room first, so a refused Open begins
 // nothing and an Open whose f ran is not refused after it. If f throws,
-// on_end runs for the id (f may have begun part of it) and Open throws:
-// no slot, no session is left. f runs without the lock.
+// on_end runs for the id (f may have begun part of it) and Open fails
+// (below): no slot, no session is left. f runs without the lock.
 //
 // Thread-safe. `on_end` runs outside the internal lock.
 #ifndef TOKENSEL_SERVER_CORE_SESSION_MANAGER_H_
@@ -74,7 +74,9 @@ class SessionManager {
 
   // INVALID_ARGUMENT for a negative ttl; RESOURCE_EXHAUSTED beyond
   // max_sessions or the peer's max_sessions_per_peer (expired sessions are
-  // reaped first to make room).
+  // reaped first to make room). Never throws: std::bad_alloc (of the begin
+  // callback too) is RESOURCE_EXHAUSTED, any other exception INTERNAL, with
+  // no session left (OpenSession's handler answers what Open returns).
   absl::StatusOr<SessionInfo> Open(const std::string& client_name, absl::Duration requested_ttl,
                                    const Peer& peer = Peer());
   // Renews the lease and returns it. NOT_FOUND (unknown or expired);
@@ -101,6 +103,9 @@ class SessionManager {
     uint32_t pins = 0;
   };
   void End(const std::string& id);
+  // Open, which may throw (Open turns that into a status).
+  absl::StatusOr<SessionInfo> OpenOrThrow(const std::string& client_name,
+                                          absl::Duration requested_ttl, const Peer& peer);
   // Removes every expired, unpinned session; their ids go to `expired`.
   void EraseExpiredLocked(absl::Time now, std::vector<std::string>* expired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
