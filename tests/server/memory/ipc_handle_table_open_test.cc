@@ -272,6 +272,26 @@ TEST_F(IpcHandleTableOpenTest, ARefusedOpenOnAnotherDeviceIsWaitedForThenOpenedA
   EXPECT_EQ(ops_.double_opens, 0);
 }
 
+// An open on another device still running is judged once it returned, not
+// answered "already open" before its result is known: here it is refused,
+// and the Acquire naming the right device then opens afresh.
+TEST_F(IpcHandleTableOpenTest, AnOpenOnAnotherDeviceIsJudgedOnceItReturned) {
+  ops_.lives_on[Handle('p')] = 0;
+  ops_.block_open = Handle('p');
+  ops_.hold_open = true;
+  auto wrong = AcquireAsync('p', 1);
+  ASSERT_TRUE(ops_.AwaitOpens(1));
+  auto right = AcquireAsync('p', 0);
+  EXPECT_EQ(right.wait_for(kBrief), std::future_status::timeout) << "did not wait for the open";
+  ops_.Let(&ops_.hold_open);
+  EXPECT_THAT(wrong.get(), StatusIs(StatusCode::kFailedPrecondition, "lives on device 0"));
+  ASSERT_OK(right.get());  // released at once
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.log, (std::vector<std::string>{"open p", "close p", "closed", "open p", "close p",
+                                                "closed"}));
+}
+
 // A refused close queued behind other frees of its (open) gate: the wait is
 // bounded (UNAVAILABLE after kRefusedCloseWait, nothing opened), and an
 // Acquire that waits while the close starts opens afresh.
