@@ -18,12 +18,17 @@
 // registrations share a handle. The table of open handles is
 // IpcHandleTable (ipc_handle_table.h, device-free and unit-tested): each
 // distinct handle is opened once with cudaIpcOpenMemHandle on the device
-// the spec names, WITHOUT cudaIpcMemLazyEnablePeerAccess; in the same
-// device scope the driver is asked the allocation's extent
+// the spec names, with cudaIpcMemLazyEnablePeerAccess (the one flag value
+// the runtime documents; so the open of another device's memory may
+// succeed as a peer mapping, which is refused right after the open, below);
+// in the same device scope the driver is asked the allocation's extent
 // (cuMemGetAddressRange, through cudaGetDriverEntryPointByVersion, so the
 // server does not link libcuda) and the pointer's device
 // (cudaPointerGetAttributes). Memory on another device, or an unknown
-// extent or device, is refused (CheckOpened) and closed through the gate.
+// extent or device, is refused (CheckOpened) and closed through the gate;
+// until that close ran, a spec naming another device for the same handle
+// waits for it or is UNAVAILABLE (retry), never "already open"
+// (ipc_handle_table.h).
 // Handles are refcounted across registrations, and closed
 // (cudaIpcCloseMemHandle) when the last region using it is destroyed,
 // through that device's FreeGate (server/core/free_gate.h). Regions keep
@@ -39,8 +44,13 @@
 //   OUT_OF_RANGE        offset + size overflows, or exceeds the allocation
 //   FAILED_PRECONDITION a device_uuid the backend does not serve; memory
 //                       that lives on another device than device_uuid; the
-//                       handle is already open on another device; a build
+//                       handle is already open (not refused) on another
+//                       device; a build
 //                       without CUDA
+//   UNAVAILABLE         the handle was opened and refused on another device
+//                       and that close has not run yet (its gate closed,
+//                       or not within IpcHandleTable::kRefusedCloseWait):
+//                       retry
 //   INTERNAL            the allocation's extent or device unknown; any other
 //                       CUDA failure (with cudaGetErrorString)
 //

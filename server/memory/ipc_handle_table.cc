@@ -123,6 +123,52 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
   return e;
 }
 
+absl::Status IpcHandleTable::AwaitRefusedClose(std::unique_lock<std::mutex>& lock,
+                                               const std::shared_ptr<Entry>& found, int device,
+                                               const std::string& uuid) {
+  // `found` was opened on another device by an earlier registration naming
+  // that device, and refused (memory of another device, extent or device
+  // unknown): no reference, its close queued on that device's gate. The
+  // seventh review's item 3: answering "already open on device X" made the
+  // handle unusable on its right device until that close ran, which a stuck
+  // client wait on device X defers for as long as the wait stays stuck.
+  // CUDA documents that handles "may only be opened by one context per
+  // device per other process" (and a second open in the SAME context
+  // returns the same pointer with a reference count): an open in our
+  // device's primary context while X's context still has it open is within
+  // that rule, but the table keeps one entry per handle and a concurrent
+  // open of one allocation in two contexts is not verified on a device
+  // (none here). So the table waits for the refused close, like a closing
+  // entry, then opens afresh on `device`, never for ever: the gate's state
+  // is asked outside the table's lock (a running free holds the gate and
+  // then takes this lock: gate, then table), and a closed gate, or a close
+  // that did not start within kRefusedCloseWait (many frees queued ahead of
+  // it), is UNAVAILABLE naming the reason and saying retry. The close needs
+  // no client action: the answer is transient.
+  const int other = found->device;
+  core::FreeGate* const gate = found->gate;
+  lock.unlock();
+  const bool gate_open = gate->open();
+  lock.lock();
+  const auto retry = [&](absl::string_view why) {
+    return absl::UnavailableError(
+        absl::StrCat("cuda_ipc.handle was opened on device ", other,
+                     " by an earlier registration naming that device and refused (",
+                     found->refused.message(), "); it cannot be opened on ", uuid, " (device ",
+                     device, ") until that open is closed, and ", why, "; retry the registration"));
+  };
+  if (found->state != State::kOpen) return absl::OkStatus();  // closing or gone meanwhile
+  if (!gate_open) {
+    return retry(absl::StrCat("its close waits for device ", other,
+                              "'s frees to be allowed (a stream there waits on a client's event)"));
+  }
+  if (!changed_.wait_for(lock, kRefusedCloseWait, [&] { return found->state != State::kOpen; })) {
+    return retry(absl::StrCat("its close did not start within ", kRefusedCloseWait.count(),
+                              " ms (frees queued ahead of it on that device)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& handle, int device,
                                                             const std::string& uuid,
                                                             uint64_t offset, uint64_t size) {
@@ -145,25 +191,33 @@ absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& h
         break;
       }
       std::shared_ptr<Entry> found = it->second;
-      if (found->device != device) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cuda_ipc.handle is already open on device ", found->device, ", not on ", uuid));
-      }
       switch (found->state) {
         case State::kOpening:  // the first Map's result is shared
           changed_.wait(lock, [&] { return found->state != State::kOpening; });
+          // Another device's open is judged once it has a result (below,
+          // looked up again): its failure or refusal must not be answered
+          // as "already open" (the seventh review's item 3).
+          if (found->device != device) break;
           if (found->state == State::kOpen) {
             e = std::move(found);
           } else if (found->state == State::kGone && !found->refused.ok()) {
             return found->refused;  // the open failed, or was refused and closed since
           }
           break;               // otherwise (closing, or closed since): looked up again
-        case State::kClosing:  // its close runs: then it is opened afresh
+        case State::kClosing:  // its close runs (the gate held open): then it is opened afresh
           changed_.wait(lock, [&] { return found->state != State::kClosing; });
           break;
         case State::kOpen:
-          e = std::move(found);
-          break;
+          if (found->device == device) {
+            e = std::move(found);
+          } else if (found->refused.ok()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "cuda_ipc.handle is already open on device ", found->device, ", not on ", uuid));
+          } else if (absl::Status passed = AwaitRefusedClose(lock, found, device, uuid);
+                     !passed.ok()) {
+            return passed;
+          }
+          break;            // the refused entry of another device is closing or gone: again
         case State::kGone:  // never in the table
           return absl::InternalError("cuda_ipc: a closed handle is still in the table");
       }
@@ -222,6 +276,7 @@ bool IpcHandleTable::CloseLater(void* e, intptr_t /*unused*/) {
     entry->state = State::kClosing;
     auto it = table->opened_.find(entry->handle);
     if (it != table->opened_.end() && it->second.get() == entry) hold = it->second;
+    table->changed_.notify_all();  // AwaitRefusedClose waits for the close to start
   }
   table->ops_->Close(entry->base, entry->device);  // `hold` (the table's) keeps it
   {

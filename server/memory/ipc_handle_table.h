@@ -34,6 +34,13 @@
 //    afresh, so a close never races a new open of the same handle.
 //  - A closing entry keeps the table alive (regions and the mapper own it
 //    too), so a deferred close never runs on a destroyed table.
+//  - A handle opened on device X and refused there (its memory lives on
+//    another device; no reference, its close queued on X's gate) does not
+//    hold the handle to X: an Acquire naming another device waits for that
+//    close (like a closing entry) and then opens afresh on its device, but
+//    never blocks behind a closed gate of X: UNAVAILABLE (retry) when X's
+//    gate is closed or the close did not start within kRefusedCloseWait
+//    (the seventh review's item 3; why not a second open: the .cc).
 //  - Aliased handles (other bytes naming an allocation already open): the
 //    CUDA 13 documentation says a second open of an opened handle returns the
 //    same pointer with the driver's reference count raised; entries are per
@@ -41,13 +48,15 @@
 //    A driver that refuses the second open instead answers an error that
 //    Ops::Open maps to INVALID_ARGUMENT naming cuda_ipc.handle (nothing is
 //    left behind, as for any failed open).
-// Errors of Acquire: FAILED_PRECONDITION (open on another device; memory on
-// another device), OUT_OF_RANGE (beyond the allocation), RESOURCE_EXHAUSTED
+// Errors of Acquire: FAILED_PRECONDITION (open, not refused, on another
+// device; memory on another device), UNAVAILABLE (refused on another device,
+// its close not run yet: retry), OUT_OF_RANGE (beyond the allocation), RESOURCE_EXHAUSTED
 // (the gate's room), INTERNAL (extent unknown), and Ops::Open's errors as
 // they are. Thread-safe.
 #ifndef TOKENSEL_SERVER_MEMORY_IPC_HANDLE_TABLE_H_
 #define TOKENSEL_SERVER_MEMORY_IPC_HANDLE_TABLE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -88,6 +97,9 @@ absl::Status CheckOpened(const IpcHandleOps::Opened& opened, int device, const s
 class IpcHandleTable : public std::enable_shared_from_this<IpcHandleTable> {
  public:
   using GateFor = std::function<core::FreeGate&(int device)>;
+  // How long an Acquire on one device waits for the close of the handle's
+  // refused open on another device to start (its gate open).
+  static constexpr std::chrono::milliseconds kRefusedCloseWait{2000};
 
   // One reference to an open handle; dropped by the destructor.
   class Ref {
@@ -148,6 +160,13 @@ class IpcHandleTable : public std::enable_shared_from_this<IpcHandleTable> {
   absl::StatusOr<std::shared_ptr<Entry>> OpenLocked(std::unique_lock<std::mutex>& lock,
                                                     const std::string& handle, int device,
                                                     const std::string& uuid);
+  // `found` (open on another device than `device`, refused, no reference,
+  // its close queued): returns OK once its close started or ran (`lock`
+  // held again; the caller looks the handle up again), else UNAVAILABLE
+  // (X's gate closed, or not started within kRefusedCloseWait).
+  absl::Status AwaitRefusedClose(std::unique_lock<std::mutex>& lock,
+                                 const std::shared_ptr<Entry>& found, int device,
+                                 const std::string& uuid);
   // Marks `e` (no reference left) closing; returns the close to hand to
   // its gate after the lock is released, or run == null (queued already).
   core::FreeGate::Deferred QueueCloseLocked(Entry& e);

@@ -3,8 +3,9 @@
 // table's lock (other handles go on, the same handle waits and shares the
 // result), a close never races a fresh open of the same handle, an open
 // whose memory lives on another device (or whose device or extent is
-// unknown) is refused and closed through the gate, and aliased handles stay
-// balanced. The table's other rules: ipc_handle_table_test.cc.
+// unknown) is refused and closed through the gate (and does not hold the
+// handle to that device), and aliased handles stay balanced. The table's other rules:
+// ipc_handle_table_test.cc.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -116,8 +117,8 @@ class IpcHandleTableOpenTest : public ::testing::Test {
   absl::StatusOr<IpcHandleTable::Ref> Acquire(char c, int device = 0) {
     return table_->Acquire(Handle(c), device, "GPU-test", 0, 16);
   }
-  std::future<absl::StatusOr<IpcHandleTable::Ref>> AcquireAsync(char c) {
-    return std::async(std::launch::async, [this, c] { return Acquire(c); });
+  std::future<absl::StatusOr<IpcHandleTable::Ref>> AcquireAsync(char c, int device = 0) {
+    return std::async(std::launch::async, [this, c, device] { return Acquire(c, device); });
   }
   FreeGate gates_[2];
   ScriptedIpcOps ops_;
@@ -220,6 +221,97 @@ TEST_F(IpcHandleTableOpenTest, MemoryOfAnotherDeviceIsRefusedAndClosedThroughThe
   EXPECT_EQ(ops_.closes, 1);
   EXPECT_EQ(table_->open_count(), 0u);
   EXPECT_EQ(gates_[0].reserved(), 0u);
+}
+
+// The seventh review's item 3: a registration naming the wrong device
+// opened the handle there, refused it, and queued its close on that
+// device's gate; the registration naming the right device was answered
+// "already open on device 1" until that close ran (for ever behind a stuck
+// wait). Now it does not block behind a closed gate: UNAVAILABLE naming the
+// reason and "retry", nothing opened; and once the gate is open it opens
+// on the right device.
+TEST_F(IpcHandleTableOpenTest, ARefusedOpenOnAnotherDeviceBehindAClosedGateIsRetried) {
+  ops_.lives_on[Handle('p')] = 0;
+  gates_[1].Enter();
+  EXPECT_THAT(Acquire('p', 1), StatusIs(StatusCode::kFailedPrecondition, "lives on device 0"));
+  EXPECT_EQ(gates_[1].deferred(), 1u);
+  EXPECT_THAT(Acquire('p', 0),
+              StatusIs(StatusCode::kUnavailable,
+                       "cuda_ipc.handle was opened on device 1 by an earlier registration"));
+  EXPECT_THAT(Acquire('p', 0), StatusIs(StatusCode::kUnavailable, "retry the registration"));
+  EXPECT_EQ(ops_.opens, 1);
+  EXPECT_EQ(gates_[0].reserved(), 0u);
+  gates_[1].Leave();
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  ASSERT_OK(Acquire('p', 0));  // released at once: closed by device 0's drainer
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.opens, 2);
+  EXPECT_EQ(ops_.closes, 2);
+  EXPECT_EQ(table_->open_count(), 0u);
+}
+
+// The same with the gate open: the right device's Acquire waits for the
+// refused close (running: blocked in the driver), then opens afresh; the
+// driver never sees the handle open twice.
+TEST_F(IpcHandleTableOpenTest, ARefusedOpenOnAnotherDeviceIsWaitedForThenOpenedAfresh) {
+  ops_.lives_on[Handle('p')] = 0;
+  ops_.hold_close = true;
+  EXPECT_THAT(Acquire('p', 1), StatusIs(StatusCode::kFailedPrecondition, "lives on device 0"));
+  ASSERT_TRUE(ops_.AwaitLog("close p"));  // device 1's drainer, blocked in the driver
+  auto right = AcquireAsync('p', 0);
+  EXPECT_EQ(right.wait_for(kBrief), std::future_status::timeout) << "did not wait for the close";
+  ops_.Let(&ops_.hold_close);
+  absl::StatusOr<IpcHandleTable::Ref> ref = right.get();
+  ASSERT_OK(ref);
+  ref = absl::CancelledError();
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.log, (std::vector<std::string>{"open p", "close p", "closed", "open p", "close p",
+                                                "closed"}));
+  std::lock_guard<std::mutex> lock(ops_.mu);
+  EXPECT_EQ(ops_.double_opens, 0);
+}
+
+// An open on another device still running is judged once it returned, not
+// answered "already open" before its result is known: here it is refused,
+// and the Acquire naming the right device then opens afresh.
+TEST_F(IpcHandleTableOpenTest, AnOpenOnAnotherDeviceIsJudgedOnceItReturned) {
+  ops_.lives_on[Handle('p')] = 0;
+  ops_.block_open = Handle('p');
+  ops_.hold_open = true;
+  auto wrong = AcquireAsync('p', 1);
+  ASSERT_TRUE(ops_.AwaitOpens(1));
+  auto right = AcquireAsync('p', 0);
+  EXPECT_EQ(right.wait_for(kBrief), std::future_status::timeout) << "did not wait for the open";
+  ops_.Let(&ops_.hold_open);
+  EXPECT_THAT(wrong.get(), StatusIs(StatusCode::kFailedPrecondition, "lives on device 0"));
+  ASSERT_OK(right.get());  // released at once
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.log, (std::vector<std::string>{"open p", "close p", "closed", "open p", "close p",
+                                                "closed"}));
+}
+
+// A refused close queued behind other frees of its (open) gate: the wait is
+// bounded (UNAVAILABLE after kRefusedCloseWait, nothing opened), and an
+// Acquire that waits while the close starts opens afresh.
+TEST_F(IpcHandleTableOpenTest, TheWaitForARefusedCloseIsBounded) {
+  ops_.lives_on[Handle('p')] = 0;
+  ops_.hold_close = true;
+  ASSERT_OK(Acquire('z', 1));  // released at once: its close holds device 1's drainer
+  ASSERT_TRUE(ops_.AwaitLog("close z"));
+  EXPECT_THAT(Acquire('p', 1), StatusIs(StatusCode::kFailedPrecondition, "lives on device 0"));
+  EXPECT_THAT(Acquire('p', 0), StatusIs(StatusCode::kUnavailable, "did not start within 2000 ms"));
+  EXPECT_EQ(ops_.opens, 2);  // 'z', 'p' on device 1
+  auto right = AcquireAsync('p', 0);
+  EXPECT_EQ(right.wait_for(kBrief), std::future_status::timeout) << "did not wait for the close";
+  ops_.Let(&ops_.hold_close);
+  ASSERT_OK(right.get());  // released at once
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(gates_[1].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.opens, 3);
+  EXPECT_EQ(ops_.closes, 3);
+  EXPECT_EQ(table_->open_count(), 0u);
 }
 
 // Fail closed: a pointer whose device or extent the driver cannot tell is
