@@ -9,6 +9,14 @@
 
 namespace tokensel::backends {
 
+PoolWiring PoolWiringOf(PoolKind kind, int ordinal) {
+  // Pinned: the host gate and the host account, apart from every device's
+  // (block_pool.h; memory_budget.h).
+  if (kind == PoolKind::kPinnedHost)
+    return {&FreeGate::ForHost(), core::MemoryBudget::kHostAccount};
+  return {&FreeGate::ForDevice(ordinal), ordinal};
+}
+
 BlockPool::BlockPool(std::string name, size_t granule, size_t max_cached_bytes, AllocateFn allocate,
                      FreeFn free, FreeGate* gate)
     : name_(std::move(name)),

@@ -27,7 +27,8 @@
 //  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
 //    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
 //    request pays for any more, are charged to the MemoryBudget given to
-//    AttachBudget, on the account of the pool's device (a
+//    AttachBudget, on the account of the pool's device or, for pinned
+//    pools, the host's (PoolWiringOf below; a
 //    MemoryBudget::WeakCharge of the pool's own, grown past the bounds if
 //    need be: the memory exists and cannot be returned now), and given back
 //    as soon as they are freed or reused. Weak: a budget destroyed before
@@ -80,6 +81,22 @@ namespace tokensel::backends {
 // waits on a client's IPC event the pools sharing the gate do not trim.
 using FreeGate = core::FreeGate;
 
+// Which gate and which charge account a device backend's pool of `kind`
+// on device `ordinal` uses (CudaBackend wires its pools with it; tests build
+// the same wiring without a device). Device pools: the device's gate and
+// account. Pinned host pools: the host gate (cudaFreeHost may synchronize
+// any context, free_gate.h) and the HOST account (memory_budget.h), never
+// the device's: the host gate is closed by a stuck client on any device, and
+// a pinned charge on device j's account would refuse j's device blocks
+// because of device k's client (the seventh review's item 1).
+enum class PoolKind { kDevice, kPinnedHost };
+struct PoolWiring {
+  FreeGate* gate;
+  int account;  // an ordinal, or MemoryBudget::kHostAccount
+};
+// May throw std::bad_alloc (the gate is made on first use).
+PoolWiring PoolWiringOf(PoolKind kind, int ordinal);
+
 class BlockPool {
  public:
   struct Block {
@@ -105,8 +122,10 @@ class BlockPool {
   // Forgets a block handed out by Acquire (see above). Never throws.
   void Abandon(Block block) noexcept;
   // The budget that pays for idle bytes beyond the cap, on the account of
-  // device `ordinal` (the pool's; see above); null: none (tests, tools).
-  // Call before the pool is used; the charge is weak (see above).
+  // device `ordinal` (the pool's; see above), or the host's for
+  // MemoryBudget::kHostAccount (pinned pools: PoolWiringOf); null: none
+  // (tests, tools). Call before the pool is used; the charge is weak (see
+  // above).
   void AttachBudget(core::MemoryBudget* budget, int ordinal);
 
   size_t max_cached_bytes() const { return max_cached_bytes_; }
