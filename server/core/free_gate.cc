@@ -149,7 +149,11 @@ void FreeGate::Wake() noexcept {
 
 bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()) || opened_; }
 
-bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
+bool FreeGate::Drained() const {
+  // The hooks count only while a drainer runs them (else nothing would).
+  return deferred_.empty() && running_ == 0 &&
+         (!drainer_.joinable() || (!opened_ && !hooks_running_));
+}
 
 absl::Status FreeGate::Reserve(absl::string_view what) {
   tokensel::MutexLock lock(&list_mu_);
@@ -299,19 +303,29 @@ void FreeGate::RemoveOpenedHook(uint64_t id) noexcept {
   }
 }
 
+void FreeGate::RunOpenedHooksSoon() noexcept {
+  tokensel::MutexLock lock(&list_mu_);
+  opened_ = true;  // the drainer's predicate: it wakes and runs the hooks
+}
+
 void FreeGate::RunOpenedHooks() noexcept {
   {
-    tokensel::MutexLock lock(&list_mu_);
-    if (!opened_) return;
-    opened_ = false;
-  }
-  tokensel::MutexLock lock(&hooks_mu_);
-  for (const auto& [id, hook] : hooks_) {
-    try {
-      hook();
-    } catch (...) {  // a hook must not end the drainer (BlockPool's do not throw)
+    tokensel::MutexLock lock(&hooks_mu_);
+    {
+      tokensel::MutexLock list_lock(&list_mu_);
+      if (!opened_) return;
+      opened_ = false;
+      hooks_running_ = true;
+    }
+    for (const auto& [id, hook] : hooks_) {
+      try {
+        hook();
+      } catch (...) {  // a hook must not end the drainer (BlockPool's do not throw)
+      }
     }
   }
+  tokensel::MutexLock lock(&list_mu_);
+  hooks_running_ = false;
 }
 
 size_t FreeGate::AwaitDrained(absl::Duration timeout) {

@@ -59,8 +59,10 @@
 // Opened hooks (AddOpenedHook): functions the drainer calls each time the
 // gate opens, after the deferred frees, e.g. a BlockPool trimming the idle
 // blocks it kept (and charged) while the gate was closed, which would
-// otherwise wait for that pool's next Release. Never run by the thread that
-// Leaves; a hook checks the gate itself (BeginFree) before it frees.
+// otherwise wait for that pool's next Release; and when asked
+// (RunOpenedHooksSoon: a pool's Release over its cap, whose trim must not
+// run on the releasing thread). Never run by the thread that Leaves; a
+// hook checks the gate itself (BeginFree) before it frees.
 //
 // Bounded by construction: whoever makes a resource whose teardown may be
 // deferred first Reserve()s room for its deferral (a mapping opened, a
@@ -163,7 +165,8 @@ class FreeGate {
   // never opened).
   size_t DrainIfOpen() noexcept;
   // Tests: waits at most `timeout` until no deferred free is waiting or
-  // running; returns how many wait.
+  // running and, while a drainer runs, no opened hook is due or running;
+  // returns how many deferred frees wait.
   size_t AwaitDrained(absl::Duration timeout);
 
   // Registers `hook` (see above; starts the drainer); the id is for
@@ -172,6 +175,11 @@ class FreeGate {
   uint64_t AddOpenedHook(std::function<void()> hook);
   // Unregisters; waits for a call of it in progress. Never on the drainer.
   void RemoveOpenedHook(uint64_t id) noexcept;
+  // Asks the drainer to run the opened hooks soon, as if the gate had just
+  // opened (a BlockPool over its cap after a Release: the trim runs on the
+  // drainer, not on the releasing thread). Never runs anything here;
+  // allocates nothing, never throws.
+  void RunOpenedHooksSoon() noexcept;
 
   // Statistics: deferred frees waiting and the bytes they will free; room
   // reserved; frees dropped (no room: a caller bug); deferred frees run.
@@ -222,6 +230,7 @@ class FreeGate {
   std::thread drainer_ ABSL_GUARDED_BY(list_mu_);
   // Opened hooks: held while they run (before mu_ and list_mu_).
   bool opened_ ABSL_GUARDED_BY(list_mu_) = false;  // opened since the hooks last ran
+  bool hooks_running_ ABSL_GUARDED_BY(list_mu_) = false;
   mutable tokensel::Mutex hooks_mu_;
   std::vector<std::pair<uint64_t, std::function<void()>>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
   uint64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;

@@ -196,5 +196,49 @@ TEST(BlockPoolShareTest, OpeningTheGateGivesTheChargeBackAtOnce) {
   for (const std::thread::id& id : freed_on) EXPECT_NE(id, std::this_thread::get_id());
 }
 
+// The seventh review's item 7: a Release over the cap (gate open) does not
+// trim on the releasing thread (the completion thread or a request thread:
+// a cudaFree there, or a cudaFreeHost that may wait for every device's
+// kernels, held up everything behind it); it asks the gate's drainer,
+// which frees. Until then the bytes beyond the cap are charged.
+TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
+  FreeGate gate;
+  MemoryBudget budget(1 << 20, 1 << 20, nullptr);
+  absl::Mutex mu;
+  std::vector<std::thread::id> freed_on;
+  std::atomic<bool> releasing{false};
+  std::atomic<int> freed_while_releasing{0};
+  BlockPool pool(
+      "pool", 1024, 4 * kKiB,
+      [](size_t bytes) -> absl::StatusOr<void*> { return std::malloc(bytes); },
+      [&](void* p) {
+        if (releasing.load()) ++freed_while_releasing;
+        absl::MutexLock lock(&mu);
+        freed_on.push_back(std::this_thread::get_id());
+        std::free(p);
+      },
+      &gate);
+  pool.AttachBudget(&budget, 0);
+  std::vector<BlockPool::Block> blocks;
+  for (size_t kib : {2, 3, 8, 16}) blocks.push_back(*pool.Acquire(kib * kKiB));
+  const std::thread::id self = std::this_thread::get_id();
+  for (const BlockPool::Block& b : blocks) {
+    releasing = true;
+    pool.Release(b);
+    releasing = false;
+    absl::MutexLock lock(&mu);
+    for (const std::thread::id& id : freed_on) ASSERT_NE(id, self) << "freed inside Release";
+  }
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_GT(pool.frees(), 0);
+  EXPECT_LE(pool.cached_bytes(), pool.max_cached_bytes());
+  EXPECT_EQ(pool.charged_bytes(), 0u);
+  EXPECT_EQ(budget.used_bytes(), 0u);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(freed_on.size(), static_cast<size_t>(pool.frees()));
+  for (const std::thread::id& id : freed_on) EXPECT_NE(id, self);
+  pool.AttachBudget(nullptr, 0);
+}
+
 }  // namespace
 }  // namespace tokensel::testing
