@@ -81,6 +81,18 @@
 // mapped). Past max_deferred_bytes() of queued teardowns (counted when
 // queued: Deferred::bytes) Reserve refuses new resources on this gate's
 // device with RESOURCE_EXHAUSTED naming the limit and the device.
+// Per owner (ReserveFor; the seventh review's item 2b): one tenant whose own
+// wait keeps the gate closed could otherwise fill the room and the bytes
+// with failing or churned registrations and refuse every other tenant's.
+// A resource reserved for an owner (a peer's principal: the VMM mapper's
+// registrations) counts in that owner's share too: at most
+// kMaxPendingPerOwner rooms (a quarter of kMaxPending) and a quarter of
+// max_deferred_bytes() queued; past its share only that owner is refused.
+// A quarter, not less: one peer legitimately registers up to the
+// registry's limits (65536 buffers, a half of kMaxPending), and four peers
+// at their shares still leave the others nothing, which the shares do not
+// prevent (they bound what ONE peer takes; many colluding principals are
+// the registry's and the session quotas' matter).
 // Thread-safe.
 #ifndef TOKENSEL_SERVER_CORE_FREE_GATE_H_
 #define TOKENSEL_SERVER_CORE_FREE_GATE_H_
@@ -88,6 +100,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -95,6 +108,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
@@ -113,6 +127,7 @@ class FreeGate {
     void* data = nullptr;
     intptr_t arg = 0;
     uint64_t bytes = 0;
+    uint64_t owner = 0;  // ReserveFor's id: the owner's share counts it; 0: none
   };
   // Reservations per gate: live resources that may defer plus deferred
   // teardowns. Above the registry's largest buffer limit (65536 buffers,
@@ -122,6 +137,10 @@ class FreeGate {
   static constexpr int kMaxDevices = 64;
   // Default of max_deferred_bytes (per gate, so per device).
   static constexpr uint64_t kDefaultMaxDeferredBytes = uint64_t{8} << 30;
+  // Each owner's share (ReserveFor): 1 / kOwnerShareDivisor of kMaxPending
+  // and of max_deferred_bytes.
+  static constexpr size_t kOwnerShareDivisor = 4;
+  static constexpr size_t kMaxPendingPerOwner = kMaxPending / kOwnerShareDivisor;
   // StopAll's bound for the drainers to run what can run.
   static constexpr absl::Duration kStopBound = absl::Seconds(2);
 
@@ -155,8 +174,17 @@ class FreeGate {
   // in the RESOURCE_EXHAUSTED beyond kMaxPending. Starts the drainer on
   // first use.
   absl::Status Reserve(absl::string_view what);
-  // Gives back room whose resource went without a FreeOrDefer.
-  void Unreserve() noexcept;
+  // Reserve, counted in `owner`'s share too (a peer's principal, named in
+  // the error; see above): RESOURCE_EXHAUSTED naming the owner, its count
+  // and the limit once it holds kMaxPendingPerOwner rooms or more than
+  // max_deferred_bytes() / kOwnerShareDivisor of queued teardowns, while
+  // other owners still reserve. Returns the id that the resource's
+  // Deferred::owner and Unreserve name; 0 for an empty owner (then as
+  // Reserve). May allocate (the owner's entry).
+  absl::StatusOr<uint64_t> ReserveFor(absl::string_view what, absl::string_view owner);
+  // Gives back room whose resource went without a FreeOrDefer (`owner`:
+  // ReserveFor's id, 0 for Reserve's).
+  void Unreserve(uint64_t owner = 0) noexcept;
   // Queues `free` into the caller's reserved room for the drainer, which
   // runs it once the gate is open (see above); never runs it here.
   void FreeOrDefer(Deferred free) noexcept;
@@ -192,6 +220,9 @@ class FreeGate {
   int64_t leaked() const;
   uint64_t max_deferred_bytes() const;
   void set_max_deferred_bytes(uint64_t bytes);
+  // `owner`'s share now: rooms held and bytes queued (0 when it holds none).
+  size_t reserved_by(absl::string_view owner) const;
+  uint64_t deferred_bytes_by(absl::string_view owner) const;
 
  private:
   FreeGate(FreeGate* host, std::string name);
@@ -231,6 +262,23 @@ class FreeGate {
   // Opened hooks: held while they run (before mu_ and list_mu_).
   bool opened_ ABSL_GUARDED_BY(list_mu_) = false;  // opened since the hooks last ran
   bool hooks_running_ ABSL_GUARDED_BY(list_mu_) = false;
+  // Per-owner shares (ReserveFor), by id and by name; an owner's entry goes
+  // when it holds nothing (erasing allocates nothing).
+  struct Share {
+    std::string owner;
+    size_t rooms = 0;
+    uint64_t deferred_bytes = 0;
+  };
+  std::map<uint64_t, Share> shares_ ABSL_GUARDED_BY(list_mu_);
+  std::map<std::string, uint64_t, std::less<>> share_ids_ ABSL_GUARDED_BY(list_mu_);
+  uint64_t next_share_ ABSL_GUARDED_BY(list_mu_) = 1;
+  // Counts `bytes` more (or fewer) queued for owner `id`; a share holding
+  // nothing goes.
+  void AddShareBytesLocked(uint64_t id, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  void DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexcept
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  absl::Status CheckRoomLocked(absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   mutable tokensel::Mutex hooks_mu_;
   std::vector<std::pair<uint64_t, std::function<void()>>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
   uint64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;
