@@ -17,6 +17,11 @@ namespace tokensel::core {
 
 namespace {
 
+// The tail of Reserve's refusals.
+constexpr absl::string_view kWhy =
+    "; teardowns wait while a stream of the device waits on a client's wait_event); retry once "
+    "they ran";
+
 // The gates ForDevice and ForHost made: never destroyed (free_gate.h).
 struct MadeGates {
   std::mutex mu;
@@ -158,18 +163,17 @@ bool FreeGate::Drained() const {
 
 absl::Status FreeGate::CheckRoomLocked(absl::string_view what) const {
   if (deferred_bytes_ > max_deferred_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", name_, " has ", deferred_bytes_,
-        " bytes waiting for their deferred teardown, more than the limit of ", max_deferred_bytes_,
-        " (FreeGate max_deferred_bytes; teardowns wait while a stream of the device waits on a "
-        "client's wait_event); retry once they ran"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": ", name_, " has ", deferred_bytes_,
+                     " bytes waiting for their deferred teardown, more than the limit of ",
+                     max_deferred_bytes_, " (FreeGate max_deferred_bytes", kWhy));
   }
   if (reserved_ >= kMaxPending) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": ", name_, " has ", reserved_,
         " mappings or allocations live or waiting for their deferred teardown, the limit "
-        "(FreeGate::kMaxPending; teardowns wait while a stream of the device waits on a "
-        "client's wait_event); retry once they ran"));
+        "(FreeGate::kMaxPending",
+        kWhy));
   }
   return absl::OkStatus();
 }
@@ -190,17 +194,13 @@ absl::StatusOr<uint64_t> FreeGate::ReserveFor(absl::string_view what, absl::stri
         return absl::ResourceExhaustedError(absl::StrCat(
             what, ": peer ", owner, " has ", share.deferred_bytes, " bytes on ", name_,
             " waiting for their deferred teardown, more than its share of ", byte_share,
-            " (FreeGate max_deferred_bytes / ", kOwnerShareDivisor,
-            " per peer; teardowns wait while a stream of the device waits on a client's "
-            "wait_event); retry once they ran"));
+            " (FreeGate max_deferred_bytes / ", kOwnerShareDivisor, " per peer", kWhy));
       }
       if (share.rooms >= kMaxPendingPerOwner) {
         return absl::ResourceExhaustedError(absl::StrCat(
             what, ": peer ", owner, " has ", share.rooms, " mappings on ", name_,
             " live or waiting for their deferred teardown, its share of ", kMaxPendingPerOwner,
-            " (FreeGate::kMaxPending / ", kOwnerShareDivisor,
-            " per peer; teardowns wait while a stream of the device waits on a client's "
-            "wait_event); retry once they ran"));
+            " (FreeGate::kMaxPending / ", kOwnerShareDivisor, " per peer", kWhy));
       }
     }
   }

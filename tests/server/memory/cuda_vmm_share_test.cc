@@ -105,6 +105,15 @@ TEST(CudaVmmShareTest, EachDevicesCapIsAMultipleOfItsMemory) {
   EXPECT_EQ(driver.bad_calls, 0);
 }
 
+// The stuck wait passes: every teardown runs, nothing is left.
+void OpenAndExpectClean(core::FreeGate& gate, FakeDriver& driver) {
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(60)), 0u);
+  AwaitVmmTeardowns();
+  EXPECT_TRUE(driver.Clean());
+  EXPECT_EQ(driver.bad_calls, 0);
+}
+
 // The seventh review's item 2b: peer P holds device 0's gate closed (its own
 // wait never recorded) and sends Maps that fail after the gate's room was
 // taken and an allocation imported (past the mapped-bytes cap): each queues
@@ -141,13 +150,9 @@ TEST(CudaVmmShareTest, OnePeersFailingMapsFillOnlyItsShareOfTheGate) {
   EXPECT_TRUE(mapped.ok()) << mapped.status();  // not ASSERT: the gate must open below
   EXPECT_EQ(zero.reserved_by("uid:1002"), mapped.ok() ? 1u : 0u);
   if (mapped.ok()) mapped->reset();
-  zero.Leave();
-  EXPECT_EQ(zero.AwaitDrained(absl::Seconds(60)), 0u);
+  OpenAndExpectClean(zero, driver);
   EXPECT_EQ(zero.reserved(), reserved);
   EXPECT_EQ(zero.reserved_by("uid:1001"), 0u);
-  AwaitVmmTeardowns();
-  EXPECT_TRUE(driver.Clean());
-  EXPECT_EQ(driver.bad_calls, 0);
 }
 
 // The same for bytes: P's register / unregister churn behind its stuck wait
@@ -185,13 +190,9 @@ TEST(CudaVmmShareTest, OnePeersChurnFillsOnlyItsShareOfTheDeferredBytes) {
   auto mapped = mapper.Map(q);
   EXPECT_TRUE(mapped.ok()) << mapped.status();  // not ASSERT: the gate must open below
   if (mapped.ok()) mapped->reset();
-  zero.Leave();
-  EXPECT_EQ(zero.AwaitDrained(absl::Seconds(10)), 0u);
+  OpenAndExpectClean(zero, driver);
   zero.set_max_deferred_bytes(limit);
   EXPECT_EQ(zero.deferred_bytes_by("uid:1001"), 0u);
-  AwaitVmmTeardowns();
-  EXPECT_TRUE(driver.Clean());
-  EXPECT_EQ(driver.bad_calls, 0);
 }
 
 }  // namespace
