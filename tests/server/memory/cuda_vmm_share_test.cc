@@ -114,6 +114,19 @@ void OpenAndExpectClean(core::FreeGate& gate, FakeDriver& driver) {
   EXPECT_EQ(driver.bad_calls, 0);
 }
 
+// Peer Q maps `bytes` on GPU 0 (while P is refused there) and drops it;
+// returns whether it could.
+bool OtherPeerMaps(CudaVmmMapper& mapper, FakeDriver& driver, uint64_t bytes) {
+  core::FdRegionSpec q = WholeAllocation(driver, bytes, 0);
+  q.owner = "uid:1002";
+  auto mapped = mapper.Map(q);
+  EXPECT_TRUE(mapped.ok()) << mapped.status();
+  if (mapped.ok()) {
+    EXPECT_EQ(core::FreeGate::ForDevice(0).reserved_by("uid:1002"), 1u);
+  }
+  return mapped.ok();
+}
+
 // The seventh review's item 2b: peer P holds device 0's gate closed (its own
 // wait never recorded) and sends Maps that fail after the gate's room was
 // taken and an allocation imported (past the mapped-bytes cap): each queues
@@ -144,12 +157,7 @@ TEST(CudaVmmShareTest, OnePeersFailingMapsFillOnlyItsShareOfTheGate) {
               StatusIs(StatusCode::kResourceExhausted,
                        "cuda_vmm: a mapping: peer uid:1001 has 32768 mappings on device 0 live or "
                        "waiting for their deferred teardown, its share of 32768"));
-  core::FdRegionSpec q = WholeAllocation(driver, 4 * kMiB, 0);
-  q.owner = "uid:1002";
-  auto mapped = mapper.Map(q);
-  EXPECT_TRUE(mapped.ok()) << mapped.status();  // not ASSERT: the gate must open below
-  EXPECT_EQ(zero.reserved_by("uid:1002"), mapped.ok() ? 1u : 0u);
-  if (mapped.ok()) mapped->reset();
+  EXPECT_TRUE(OtherPeerMaps(mapper, driver, 4 * kMiB));  // not ASSERT: the gate must open
   OpenAndExpectClean(zero, driver);
   EXPECT_EQ(zero.reserved(), reserved);
   EXPECT_EQ(zero.reserved_by("uid:1001"), 0u);
@@ -185,11 +193,7 @@ TEST(CudaVmmShareTest, OnePeersChurnFillsOnlyItsShareOfTheDeferredBytes) {
   EXPECT_THAT(refused, StatusIs(StatusCode::kResourceExhausted,
                                 "peer uid:1001 has 6291456 bytes on device 0 waiting for "
                                 "their deferred teardown, more than its share of 4194304"));
-  core::FdRegionSpec q = WholeAllocation(driver, 2 * kMiB, 0);
-  q.owner = "uid:1002";
-  auto mapped = mapper.Map(q);
-  EXPECT_TRUE(mapped.ok()) << mapped.status();  // not ASSERT: the gate must open below
-  if (mapped.ok()) mapped->reset();
+  EXPECT_TRUE(OtherPeerMaps(mapper, driver, 2 * kMiB));  // not ASSERT: the gate must open
   OpenAndExpectClean(zero, driver);
   zero.set_max_deferred_bytes(limit);
   EXPECT_EQ(zero.deferred_bytes_by("uid:1001"), 0u);
