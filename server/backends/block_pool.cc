@@ -9,6 +9,14 @@
 
 namespace tokensel::backends {
 
+PoolWiring PoolWiringOf(PoolKind kind, int ordinal) {
+  // Pinned: the host gate and the host account, apart from every device's
+  // (block_pool.h; memory_budget.h).
+  if (kind == PoolKind::kPinnedHost)
+    return {&FreeGate::ForHost(), core::MemoryBudget::kHostAccount};
+  return {&FreeGate::ForDevice(ordinal), ordinal};
+}
+
 BlockPool::BlockPool(std::string name, size_t granule, size_t max_cached_bytes, AllocateFn allocate,
                      FreeFn free, FreeGate* gate)
     : name_(std::move(name)),
@@ -127,7 +135,12 @@ void BlockPool::TrimOnOpen() noexcept {
   }
   // Still open (a wait may have been queued since): else the next opening.
   if (!gate_->BeginFree()) return;
-  TrimHeld(max_cached_bytes_ / 2, nullptr);  // as Release's trim, with hysteresis
+  void* keep = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    keep = std::exchange(keep_, nullptr);
+  }
+  TrimHeld(max_cached_bytes_ / 2, keep);  // as Release's trim, with hysteresis
   gate_->EndFree();
 }
 
@@ -160,17 +173,7 @@ void* BlockPool::PopForTrimLocked(size_t target, void* keep) {
 
 void BlockPool::Release(Block block) noexcept {
   if (block.data == nullptr) return;
-  // Trimming only while the gate is open, and the gate held until the
-  // frees are done (FreeGate).
-  const bool may_free = gate_ == nullptr || gate_->BeginFree();
-  struct GateHold {  // released on every path
-    FreeGate* gate;
-    ~GateHold() {
-      if (gate != nullptr) gate->EndFree();
-    }
-  } const hold{gate_ != nullptr && may_free ? gate_ : nullptr};
-  bool trim = false;
-  bool charged = false;
+  bool over = false;
   {
     absl::MutexLock lock(&mu_);
     --in_use_;
@@ -186,25 +189,18 @@ void BlockPool::Release(Block block) noexcept {
       idle_.emplace(block.bytes, block.data);
     }
     idle_bytes_ += block.bytes;
-    trim = may_free && idle_bytes_ > max_cached_bytes_;
-    charged = !may_free && idle_bytes_ > max_cached_bytes_;
-    // Gate closed: the idle bytes beyond the cap are charged to the budget.
-    if (!trim) SettleChargeLocked();
+    over = idle_bytes_ > max_cached_bytes_;
+    if (over) keep_ = block.data;  // the trim frees it last (see below)
+    // The idle bytes beyond the cap, which no request pays for, are
+    // charged until they are trimmed (or for as long as the gate is closed).
+    SettleChargeLocked();
   }
-  if (charged && gate_->BeginFree()) {
-    // The gate opened between the check above and the charge: its opened
-    // hook may have run before this block was idle, finding nothing to
-    // trim; trim now rather than at the next opening.
-    TrimHeld(max_cached_bytes_ / 2, block.data);
-    gate_->EndFree();
-    return;
-  }
-  if (!trim) return;
-  // Idle memory stays bounded: without this, requests of ever larger sizes
-  // (each within the budget) would each add a block the pool then kept for
-  // good, until the device (or the host's pinned memory) ran out. The
-  // largest go first. With hysteresis: once over the cap, down to half of
-  // it. Trimming just under the cap freed one block per release while a
+  if (!over) return;
+  // Idle memory stays bounded: without a trim, requests of ever larger
+  // sizes (each within the budget) would each add a block the pool then
+  // kept for good, until the device (or the host's pinned memory) ran out.
+  // The largest go first. With hysteresis: once over the cap, down to half
+  // of it. Trimming just under the cap freed one block per release while a
   // steady load hovered there (typically the large block that load uses,
   // while smaller stale ones stayed), and the next wave allocated it again:
   // a cudaFree/cudaFreeHost (each synchronizes the whole device) plus an
@@ -214,7 +210,18 @@ void BlockPool::Release(Block block) noexcept {
   // current load uses, while the others sat idle longer; freeing it first
   // would leave a load block between half the cap and the cap to be
   // freed and allocated again on every wave.
-  TrimHeld(max_cached_bytes_ / 2, block.data);
+  if (gate_ == nullptr) {  // no gate, no drainer (tests, tools): here
+    TrimHeld(max_cached_bytes_ / 2, block.data);
+    return;
+  }
+  // Never on this thread (the seventh review's item 7): it is the
+  // completion thread (its other items must not wait behind a cudaFree, nor
+  // a cudaFreeHost that may wait for every device's queued kernels) or a
+  // request thread. The gate's drainer trims (TrimOnOpen, the opened hook).
+  // While the gate is closed nothing is asked: its opening runs the hook
+  // (the charge above is settled before the check, and a Leave after a
+  // closed check wakes the drainer after it).
+  if (gate_->open()) gate_->RunOpenedHooksSoon();
 }
 
 void BlockPool::TrimHeld(size_t low_water, void* keep) noexcept {

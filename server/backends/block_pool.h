@@ -12,8 +12,13 @@
 //    at least one granule (a block is never null), RESOURCE_EXHAUSTED naming
 //    the pool when that would wrap. An allocation error is returned as is.
 //  - Release(block): cached for reuse; then, if the idle bytes exceed
-//    `max_cached_bytes`, the other idle blocks are freed, largest first,
-//    until at most half of it is idle (hysteresis: trimming only to the cap
+//    `max_cached_bytes`, the pool asks its gate's drainer to trim it
+//    (FreeGate::RunOpenedHooksSoon: the opened hook below), never on the
+//    releasing thread, which is the completion thread or a request thread
+//    (the seventh review's item 7; a pool without a gate, in tests and
+//    tools, trims at once). Until the trim, the idle bytes beyond the cap
+//    are charged as below. The trim frees the other idle blocks, largest
+//    first, until at most half of it is idle (hysteresis: trimming only to the cap
 //    would free a block on every release of a load hovering at the cap, the
 //    next wave would allocate it again, and cudaFree / cudaFreeHost
 //    synchronize the whole device); the block just released goes too only
@@ -21,13 +26,18 @@
 //    idle longer). Freed outside the lock (freeing device memory waits for
 //    the device). A block must be idle when released (no device work still
 //    using it).
-//    Release never throws (it runs in destructors, while unwinding): the
-//    blocks to free are taken one at a time under the lock and freed
-//    outside it, with no container to grow.
+//    Release never throws (it runs in destructors, while unwinding): it
+//    allocates nothing; a trim takes the blocks to free one at a time under
+//    the lock and frees them outside it, with no container to grow.
+//    Acquire still trims on its own thread when the pool's account is over
+//    its share (below) and the gate is open: that thread is about to
+//    allocate anyway (cudaMalloc / cudaHostAlloc, as costly), and waiting
+//    for the drainer would refuse the request instead.
 //  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
 //    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
 //    request pays for any more, are charged to the MemoryBudget given to
-//    AttachBudget, on the account of the pool's device (a
+//    AttachBudget, on the account of the pool's device or, for pinned
+//    pools, the host's (PoolWiringOf below; a
 //    MemoryBudget::WeakCharge of the pool's own, grown past the bounds if
 //    need be: the memory exists and cannot be returned now), and given back
 //    as soon as they are freed or reused. Weak: a budget destroyed before
@@ -54,8 +64,9 @@
 //    work may still use it) and in abandoned().
 // Bounds: blocks in use are at most twice what their users asked for (the
 // callers count AllocationBytes in a MemoryBudget first), and idle blocks at
-// most `max_cached_bytes` after every Release while the gate is open; while
-// it is closed, the idle bytes beyond the cap are charged to the budget.
+// most `max_cached_bytes` once the drainer trimmed after a Release while the
+// gate is open; until then, and while it is closed, the idle bytes beyond
+// the cap are charged to the budget.
 //
 // Thread-safe. The destructor frees the idle blocks; every block must have
 // been released by then.
@@ -79,6 +90,22 @@ namespace tokensel::backends {
 // Whether pools may free now (server/core/free_gate.h): while a stream
 // waits on a client's IPC event the pools sharing the gate do not trim.
 using FreeGate = core::FreeGate;
+
+// Which gate and which charge account a device backend's pool of `kind`
+// on device `ordinal` uses (CudaBackend wires its pools with it; tests build
+// the same wiring without a device). Device pools: the device's gate and
+// account. Pinned host pools: the host gate (cudaFreeHost may synchronize
+// any context, free_gate.h) and the HOST account (memory_budget.h), never
+// the device's: the host gate is closed by a stuck client on any device, and
+// a pinned charge on device j's account would refuse j's device blocks
+// because of device k's client (the seventh review's item 1).
+enum class PoolKind { kDevice, kPinnedHost };
+struct PoolWiring {
+  FreeGate* gate;
+  int account;  // an ordinal, or MemoryBudget::kHostAccount
+};
+// May throw std::bad_alloc (the gate is made on first use).
+PoolWiring PoolWiringOf(PoolKind kind, int ordinal);
 
 class BlockPool {
  public:
@@ -105,8 +132,10 @@ class BlockPool {
   // Forgets a block handed out by Acquire (see above). Never throws.
   void Abandon(Block block) noexcept;
   // The budget that pays for idle bytes beyond the cap, on the account of
-  // device `ordinal` (the pool's; see above); null: none (tests, tools).
-  // Call before the pool is used; the charge is weak (see above).
+  // device `ordinal` (the pool's; see above), or the host's for
+  // MemoryBudget::kHostAccount (pinned pools: PoolWiringOf); null: none
+  // (tests, tools). Call before the pool is used; the charge is weak (see
+  // above).
   void AttachBudget(core::MemoryBudget* budget, int ordinal);
 
   size_t max_cached_bytes() const { return max_cached_bytes_; }
@@ -143,6 +172,9 @@ class BlockPool {
   int64_t abandoned_ ABSL_GUARDED_BY(mu_) = 0;
   core::MemoryBudget::WeakCharge excess_ ABSL_GUARDED_BY(mu_);
   uint64_t opened_hook_ = 0;  // the gate's id for TrimOnOpen
+  // The block whose Release went over the cap: TrimOnOpen frees it last
+  // (a pointer compared only, never dereferenced).
+  void* keep_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   // Pops the next block to trim (largest first, never `keep`) while idle
   // bytes exceed `target`; null when none.
@@ -150,7 +182,8 @@ class BlockPool {
   // Frees idle blocks (never `keep` unless it alone exceeds the cap) down
   // to `low_water`, then settles the charge; the caller holds the gate.
   void TrimHeld(size_t low_water, void* keep) noexcept;
-  // The gate's opened hook: trims the charged excess (on its drainer).
+  // The gate's opened hook: trims the charged excess (on its drainer),
+  // after the gate opened or a Release went over the cap.
   void TrimOnOpen() noexcept;
   // excess_ = the idle bytes beyond the cap.
   void SettleChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

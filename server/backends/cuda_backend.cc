@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(absl::string_vi
 CudaBackend::CudaBackend(core::DeviceDescription device)
     : device_(std::move(device)),
       label_(absl::StrCat("cuda:", device_.ordinal)),
-      free_gate_(FreeGate::ForDevice(device_.ordinal)),
+      free_gate_(*PoolWiringOf(PoolKind::kDevice, device_.ordinal).gate),
       streams_(
           kMaxIdleStreams,
           [this]() -> absl::StatusOr<void*> {
@@ -103,7 +103,7 @@ CudaBackend::CudaBackend(core::DeviceDescription device)
       pinned_(
           "cuda backend: pinned host staging", kStagingGranule, kMaxCachedStagingBytes,
           [this](size_t bytes) { return AllocatePinned(bytes); }, FreePinned(device_.ordinal),
-          &FreeGate::ForHost()),
+          PoolWiringOf(PoolKind::kPinnedHost, device_.ordinal).gate),
       completions_(this, StreamPools{&pinned_, &staging_, &workspaces_, &free_gate_}),
       events_(this) {}
 
@@ -185,11 +185,14 @@ absl::Status CudaBackend::Init(int streams) {
 }
 
 void CudaBackend::AttachMemoryBudget(core::MemoryBudget* budget) {
-  // Every pool of this device charges the device's own account: a stuck
-  // client here refuses no other device's blocks (memory_budget.h).
-  workspaces_.AttachBudget(budget, device_.ordinal);
-  staging_.AttachBudget(budget, device_.ordinal);
-  pinned_.AttachBudget(budget, device_.ordinal);
+  // Every device pool of this device charges the device's own account: a
+  // stuck client here refuses no other device's blocks; the pinned pool
+  // charges the host account, which no device pool checks (memory_budget.h,
+  // PoolWiringOf: the seventh review's item 1).
+  const int device_account = PoolWiringOf(PoolKind::kDevice, device_.ordinal).account;
+  workspaces_.AttachBudget(budget, device_account);
+  staging_.AttachBudget(budget, device_account);
+  pinned_.AttachBudget(budget, PoolWiringOf(PoolKind::kPinnedHost, device_.ordinal).account);
 }
 
 CudaBackend::~CudaBackend() {

@@ -11,10 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace tokensel::core {
 
 namespace {
+
+// The tail of Reserve's refusals.
+constexpr absl::string_view kWhy =
+    "; teardowns wait while a stream of the device waits on a client's wait_event); retry once "
+    "they ran";
 
 // The gates ForDevice and ForHost made: never destroyed (free_gate.h).
 struct MadeGates {
@@ -149,23 +155,54 @@ void FreeGate::Wake() noexcept {
 
 bool FreeGate::DrainerHasWork() const { return stop_ || (wake_ && !deferred_.empty()) || opened_; }
 
-bool FreeGate::Drained() const { return deferred_.empty() && running_ == 0; }
+bool FreeGate::Drained() const {
+  // The hooks count only while a drainer runs them (else nothing would).
+  return deferred_.empty() && running_ == 0 &&
+         (!drainer_.joinable() || (!opened_ && !hooks_running_));
+}
 
-absl::Status FreeGate::Reserve(absl::string_view what) {
-  tokensel::MutexLock lock(&list_mu_);
+absl::Status FreeGate::CheckRoomLocked(absl::string_view what) const {
   if (deferred_bytes_ > max_deferred_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", name_, " has ", deferred_bytes_,
-        " bytes waiting for their deferred teardown, more than the limit of ", max_deferred_bytes_,
-        " (FreeGate max_deferred_bytes; teardowns wait while a stream of the device waits on a "
-        "client's wait_event); retry once they ran"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": ", name_, " has ", deferred_bytes_,
+                     " bytes waiting for their deferred teardown, more than the limit of ",
+                     max_deferred_bytes_, " (FreeGate max_deferred_bytes", kWhy));
   }
   if (reserved_ >= kMaxPending) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": ", name_, " has ", reserved_,
         " mappings or allocations live or waiting for their deferred teardown, the limit "
-        "(FreeGate::kMaxPending; teardowns wait while a stream of the device waits on a "
-        "client's wait_event); retry once they ran"));
+        "(FreeGate::kMaxPending",
+        kWhy));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FreeGate::Reserve(absl::string_view what) { return ReserveFor(what, "").status(); }
+
+absl::StatusOr<uint64_t> FreeGate::ReserveFor(absl::string_view what, absl::string_view owner) {
+  tokensel::MutexLock lock(&list_mu_);
+  RETURN_IF_ERROR(CheckRoomLocked(what));
+  uint64_t id = 0;
+  if (!owner.empty()) {
+    auto known = share_ids_.find(owner);
+    if (known != share_ids_.end()) {
+      id = known->second;
+      const Share& share = shares_.at(id);
+      const uint64_t byte_share = max_deferred_bytes_ / kOwnerShareDivisor;
+      if (share.deferred_bytes > byte_share) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            what, ": peer ", owner, " has ", share.deferred_bytes, " bytes on ", name_,
+            " waiting for their deferred teardown, more than its share of ", byte_share,
+            " (FreeGate max_deferred_bytes / ", kOwnerShareDivisor, " per peer", kWhy));
+      }
+      if (share.rooms >= kMaxPendingPerOwner) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            what, ": peer ", owner, " has ", share.rooms, " mappings on ", name_,
+            " live or waiting for their deferred teardown, its share of ", kMaxPendingPerOwner,
+            " (FreeGate::kMaxPending / ", kOwnerShareDivisor, " per peer", kWhy));
+      }
+    }
   }
   try {
     // The list can take every reserved entry: FreeOrDefer never allocates.
@@ -173,6 +210,18 @@ absl::Status FreeGate::Reserve(absl::string_view what) {
       deferred_.reserve(std::min(kMaxPending, std::max<size_t>(16, 2 * (reserved_ + 1))));
     }
     StartDrainerLocked();
+    if (!owner.empty() && id == 0) {
+      id = next_share_;
+      Share& share = shares_[id];
+      share.owner = std::string(owner);
+      try {
+        share_ids_.emplace(share.owner, id);
+      } catch (...) {
+        shares_.erase(id);
+        throw;
+      }
+      ++next_share_;
+    }
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, ": out of host memory for the deferred-free list"));
@@ -181,7 +230,37 @@ absl::Status FreeGate::Reserve(absl::string_view what) {
         absl::StrCat(what, ": cannot start the deferred-free thread: ", e.what()));
   }
   ++reserved_;
-  return absl::OkStatus();
+  if (id != 0) ++shares_.at(id).rooms;
+  return id;
+}
+
+void FreeGate::DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexcept {
+  auto it = shares_.find(id);
+  if (it == shares_.end()) return;
+  Share& share = it->second;
+  share.rooms -= std::min(rooms, share.rooms);
+  share.deferred_bytes -= std::min(bytes, share.deferred_bytes);
+  if (share.rooms == 0 && share.deferred_bytes == 0) {
+    share_ids_.erase(share.owner);
+    shares_.erase(it);
+  }
+}
+
+void FreeGate::AddShareBytesLocked(uint64_t id, uint64_t bytes) {
+  auto it = shares_.find(id);
+  if (it != shares_.end()) it->second.deferred_bytes += bytes;
+}
+
+size_t FreeGate::reserved_by(absl::string_view owner) const {
+  tokensel::MutexLock lock(&list_mu_);
+  auto known = share_ids_.find(owner);
+  return known == share_ids_.end() ? 0 : shares_.at(known->second).rooms;
+}
+
+uint64_t FreeGate::deferred_bytes_by(absl::string_view owner) const {
+  tokensel::MutexLock lock(&list_mu_);
+  auto known = share_ids_.find(owner);
+  return known == share_ids_.end() ? 0 : shares_.at(known->second).deferred_bytes;
 }
 
 void FreeGate::StartDrainerLocked() {
@@ -194,13 +273,14 @@ void FreeGate::StartDrainerLocked() {
   drainer_ = std::thread([this] { DrainLoop(); });
 }
 
-void FreeGate::Unreserve() noexcept {
+void FreeGate::Unreserve(uint64_t owner) noexcept {
   tokensel::MutexLock lock(&list_mu_);
   if (reserved_ > 0) --reserved_;
+  if (owner != 0) DropShareLocked(owner, 1, 0);
 }
 
 void FreeGate::Run(const Deferred& free) noexcept {
-  if (free.run(free.data, free.arg)) Unreserve();
+  if (free.run(free.data, free.arg)) Unreserve(free.owner);
 }
 
 void FreeGate::FreeOrDefer(Deferred free) noexcept {
@@ -217,6 +297,7 @@ void FreeGate::FreeOrDefer(Deferred free) noexcept {
     } else {
       deferred_.push_back(free);
       deferred_bytes_ += free.bytes;
+      if (free.owner != 0) AddShareBytesLocked(free.owner, free.bytes);
       if (stopped_) {
         ++leaked_;  // after StopAll: kept (reachable), never run
       } else {
@@ -247,6 +328,8 @@ size_t FreeGate::Drain(bool drainer) noexcept {
       next = deferred_.back();
       deferred_.pop_back();
       deferred_bytes_ -= next.bytes;
+      // Its room stays the owner's until it ran (Run).
+      if (next.owner != 0) DropShareLocked(next.owner, 0, next.bytes);
       ++running_;
     }
     Run(next);
@@ -299,19 +382,29 @@ void FreeGate::RemoveOpenedHook(uint64_t id) noexcept {
   }
 }
 
+void FreeGate::RunOpenedHooksSoon() noexcept {
+  tokensel::MutexLock lock(&list_mu_);
+  opened_ = true;  // the drainer's predicate: it wakes and runs the hooks
+}
+
 void FreeGate::RunOpenedHooks() noexcept {
   {
-    tokensel::MutexLock lock(&list_mu_);
-    if (!opened_) return;
-    opened_ = false;
-  }
-  tokensel::MutexLock lock(&hooks_mu_);
-  for (const auto& [id, hook] : hooks_) {
-    try {
-      hook();
-    } catch (...) {  // a hook must not end the drainer (BlockPool's do not throw)
+    tokensel::MutexLock lock(&hooks_mu_);
+    {
+      tokensel::MutexLock list_lock(&list_mu_);
+      if (!opened_) return;
+      opened_ = false;
+      hooks_running_ = true;
+    }
+    for (const auto& [id, hook] : hooks_) {
+      try {
+        hook();
+      } catch (...) {  // a hook must not end the drainer (BlockPool's do not throw)
+      }
     }
   }
+  tokensel::MutexLock lock(&list_mu_);
+  hooks_running_ = false;
 }
 
 size_t FreeGate::AwaitDrained(absl::Duration timeout) {

@@ -59,8 +59,10 @@
 // Opened hooks (AddOpenedHook): functions the drainer calls each time the
 // gate opens, after the deferred frees, e.g. a BlockPool trimming the idle
 // blocks it kept (and charged) while the gate was closed, which would
-// otherwise wait for that pool's next Release. Never run by the thread that
-// Leaves; a hook checks the gate itself (BeginFree) before it frees.
+// otherwise wait for that pool's next Release; and when asked
+// (RunOpenedHooksSoon: a pool's Release over its cap, whose trim must not
+// run on the releasing thread). Never run by the thread that Leaves; a
+// hook checks the gate itself (BeginFree) before it frees.
 //
 // Bounded by construction: whoever makes a resource whose teardown may be
 // deferred first Reserve()s room for its deferral (a mapping opened, a
@@ -79,6 +81,18 @@
 // mapped). Past max_deferred_bytes() of queued teardowns (counted when
 // queued: Deferred::bytes) Reserve refuses new resources on this gate's
 // device with RESOURCE_EXHAUSTED naming the limit and the device.
+// Per owner (ReserveFor; the seventh review's item 2b): one tenant whose own
+// wait keeps the gate closed could otherwise fill the room and the bytes
+// with failing or churned registrations and refuse every other tenant's.
+// A resource reserved for an owner (a peer's principal: the VMM mapper's
+// registrations) counts in that owner's share too: at most
+// kMaxPendingPerOwner rooms (a quarter of kMaxPending) and a quarter of
+// max_deferred_bytes() queued; past its share only that owner is refused.
+// A quarter, not less: one peer legitimately registers up to the
+// registry's limits (65536 buffers, a half of kMaxPending), and four peers
+// at their shares still leave the others nothing, which the shares do not
+// prevent (they bound what ONE peer takes; many colluding principals are
+// the registry's and the session quotas' matter).
 // Thread-safe.
 #ifndef TOKENSEL_SERVER_CORE_FREE_GATE_H_
 #define TOKENSEL_SERVER_CORE_FREE_GATE_H_
@@ -86,6 +100,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -93,6 +108,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
@@ -111,6 +127,7 @@ class FreeGate {
     void* data = nullptr;
     intptr_t arg = 0;
     uint64_t bytes = 0;
+    uint64_t owner = 0;  // ReserveFor's id: the owner's share counts it; 0: none
   };
   // Reservations per gate: live resources that may defer plus deferred
   // teardowns. Above the registry's largest buffer limit (65536 buffers,
@@ -120,6 +137,10 @@ class FreeGate {
   static constexpr int kMaxDevices = 64;
   // Default of max_deferred_bytes (per gate, so per device).
   static constexpr uint64_t kDefaultMaxDeferredBytes = uint64_t{8} << 30;
+  // Each owner's share (ReserveFor): 1 / kOwnerShareDivisor of kMaxPending
+  // and of max_deferred_bytes.
+  static constexpr size_t kOwnerShareDivisor = 4;
+  static constexpr size_t kMaxPendingPerOwner = kMaxPending / kOwnerShareDivisor;
   // StopAll's bound for the drainers to run what can run.
   static constexpr absl::Duration kStopBound = absl::Seconds(2);
 
@@ -153,8 +174,17 @@ class FreeGate {
   // in the RESOURCE_EXHAUSTED beyond kMaxPending. Starts the drainer on
   // first use.
   absl::Status Reserve(absl::string_view what);
-  // Gives back room whose resource went without a FreeOrDefer.
-  void Unreserve() noexcept;
+  // Reserve, counted in `owner`'s share too (a peer's principal, named in
+  // the error; see above): RESOURCE_EXHAUSTED naming the owner, its count
+  // and the limit once it holds kMaxPendingPerOwner rooms or more than
+  // max_deferred_bytes() / kOwnerShareDivisor of queued teardowns, while
+  // other owners still reserve. Returns the id that the resource's
+  // Deferred::owner and Unreserve name; 0 for an empty owner (then as
+  // Reserve). May allocate (the owner's entry).
+  absl::StatusOr<uint64_t> ReserveFor(absl::string_view what, absl::string_view owner);
+  // Gives back room whose resource went without a FreeOrDefer (`owner`:
+  // ReserveFor's id, 0 for Reserve's).
+  void Unreserve(uint64_t owner = 0) noexcept;
   // Queues `free` into the caller's reserved room for the drainer, which
   // runs it once the gate is open (see above); never runs it here.
   void FreeOrDefer(Deferred free) noexcept;
@@ -163,7 +193,8 @@ class FreeGate {
   // never opened).
   size_t DrainIfOpen() noexcept;
   // Tests: waits at most `timeout` until no deferred free is waiting or
-  // running; returns how many wait.
+  // running and, while a drainer runs, no opened hook is due or running;
+  // returns how many deferred frees wait.
   size_t AwaitDrained(absl::Duration timeout);
 
   // Registers `hook` (see above; starts the drainer); the id is for
@@ -172,6 +203,11 @@ class FreeGate {
   uint64_t AddOpenedHook(std::function<void()> hook);
   // Unregisters; waits for a call of it in progress. Never on the drainer.
   void RemoveOpenedHook(uint64_t id) noexcept;
+  // Asks the drainer to run the opened hooks soon, as if the gate had just
+  // opened (a BlockPool over its cap after a Release: the trim runs on the
+  // drainer, not on the releasing thread). Never runs anything here;
+  // allocates nothing, never throws.
+  void RunOpenedHooksSoon() noexcept;
 
   // Statistics: deferred frees waiting and the bytes they will free; room
   // reserved; frees dropped (no room: a caller bug); deferred frees run.
@@ -184,6 +220,9 @@ class FreeGate {
   int64_t leaked() const;
   uint64_t max_deferred_bytes() const;
   void set_max_deferred_bytes(uint64_t bytes);
+  // `owner`'s share now: rooms held and bytes queued (0 when it holds none).
+  size_t reserved_by(absl::string_view owner) const;
+  uint64_t deferred_bytes_by(absl::string_view owner) const;
 
  private:
   FreeGate(FreeGate* host, std::string name);
@@ -222,6 +261,24 @@ class FreeGate {
   std::thread drainer_ ABSL_GUARDED_BY(list_mu_);
   // Opened hooks: held while they run (before mu_ and list_mu_).
   bool opened_ ABSL_GUARDED_BY(list_mu_) = false;  // opened since the hooks last ran
+  bool hooks_running_ ABSL_GUARDED_BY(list_mu_) = false;
+  // Per-owner shares (ReserveFor), by id and by name; an owner's entry goes
+  // when it holds nothing (erasing allocates nothing).
+  struct Share {
+    std::string owner;
+    size_t rooms = 0;
+    uint64_t deferred_bytes = 0;
+  };
+  std::map<uint64_t, Share> shares_ ABSL_GUARDED_BY(list_mu_);
+  std::map<std::string, uint64_t, std::less<>> share_ids_ ABSL_GUARDED_BY(list_mu_);
+  uint64_t next_share_ ABSL_GUARDED_BY(list_mu_) = 1;
+  // Counts `bytes` more (or fewer) queued for owner `id`; a share holding
+  // nothing goes.
+  void AddShareBytesLocked(uint64_t id, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  void DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexcept
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  absl::Status CheckRoomLocked(absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   mutable tokensel::Mutex hooks_mu_;
   std::vector<std::pair<uint64_t, std::function<void()>>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
   uint64_t next_hook_ ABSL_GUARDED_BY(hooks_mu_) = 0;

@@ -39,7 +39,7 @@ uint64_t MemoryBudget::charged_bytes() const {
 
 uint64_t MemoryBudget::charged_bytes(int ordinal) const {
   tokensel::MutexLock lock(&mu_);
-  return charges_[DeviceSlot(ordinal)];
+  return charges_[AccountSlot(ordinal)];
 }
 
 void MemoryBudget::PublishLocked() {

@@ -17,31 +17,43 @@
 // blocks beyond their caps while a stream of their device waits on a
 // client's event (block_pool.h, free_gate.h); those bytes, which no request
 // pays for, are charged to THAT DEVICE's account, apart from the requests'
-// bytes. The rule:
+// bytes. Pinned host pools have an account of their own, the HOST account
+// (kHostAccount), apart from every device's: their frees pass the host
+// gate, which any device's closed gate closes (free_gate.h), so charging
+// them to their device let one device's stuck client fill another device's
+// account and refuse its device blocks (the seventh review's item 1). The
+// rule:
 //  - a reservation (Grow) counts the requests' bytes only: R <= total, and
 //    no charge refuses a request's bytes (inline results, the CPU path,
 //    staging that reuses a charged block);
-//  - a pool of device d allocates a NEW block only while R + C_d <= total
-//    (WeakCharge::OverShare), C_d the charge of d's pools alone: a stuck
-//    client on device k refuses new blocks on k only.
-// The bound it implies: every block a request allocates on d was reserved
-// first, so at each allocation d's blocks in use (bounded by R, up to twice
-// for reused blocks as before) plus C_d are within the total, and between
-// allocations d's pools only shrink: each device's pools hold at most about
-// the total plus their caps, as before. C_d is that device's share: at most
-// the total (plus a request's blocks). Without a closed gate every charge is
-// 0 and nothing changed; with k devices' gates closed the server holds at
-// most R + C_1 + ... + C_k <= (k + 1) x total (plus the caps), not 1 x
-// total as the one shared account did. No per-device rule can do better:
-// the blocks in use when a device's gate closes (up to the total) turn into
-// its charge when released; capping the sum again would let one device's
-// stuck client refuse the others' blocks, which is what this replaces.
+//  - a pool of account a (a device d, or the host) allocates a NEW block
+//    only while R + C_a <= total (WeakCharge::OverShare), C_a the charge of
+//    that account's pools alone: a stuck client on device k refuses new
+//    device blocks on k only; it closes the host gate too, so once C_host is
+//    full it refuses new PINNED blocks on every device (pinned frees cannot
+//    run anywhere then: unavoidable, free_gate.h), never device blocks.
+// The bound it implies: every block a request allocates was reserved first,
+// so at each allocation an account's blocks in use (bounded by R, up to
+// twice for reused blocks as before) plus its charge are within the total,
+// and between allocations its pools only shrink: each account's pools hold
+// at most about the total plus their caps, as before. C_a is at most the
+// total (plus a request's blocks). Without a closed gate every charge is 0
+// and nothing changed; with k devices' gates closed (k >= 1: the host gate
+// is closed too) the server holds at most
+// R + C_1 + ... + C_k + C_host <= (k + 2) x total (plus the caps), not
+// 1 x total as the one shared account did, and not (n + 1) x total for n
+// devices as when every device's pinned pool charged its device (the
+// seventh review). No per-account rule can do better: the blocks in use
+// when a gate closes (up to the total) turn into its charge when released;
+// capping the sum again would let one device's stuck client refuse the
+// others' blocks, which is what this replaces.
 //
 // Thread-safe; a Reservation is used by one thread at a time.
 #ifndef TOKENSEL_SERVER_CORE_MEMORY_BUDGET_H_
 #define TOKENSEL_SERVER_CORE_MEMORY_BUDGET_H_
 
 #include <array>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -106,8 +118,8 @@ class MemoryBudget {
  public:
   // Memory that exists already and cannot be returned now (a BlockPool's
   // idle blocks beyond its cap while frees wait, block_pool.h), charged to
-  // one device's account even beyond the bounds: until it is given back
-  // that device's pools find that much less room for new blocks (OverShare;
+  // one account (a device's, or the host's) even beyond the bounds: until
+  // it is given back that account's pools find that much less room for new blocks (OverShare;
   // requests' bytes do not see it, see above). Weak: it may outlive its
   // budget (a pool destroyed after it: tests, tools), and then charges and
   // gives back nothing. Never throws. Used by one thread at a time.
@@ -122,8 +134,8 @@ class MemoryBudget {
 
     // The charge becomes `bytes` (grown past the bounds, or shrunk).
     void Set(uint64_t bytes) noexcept;
-    // Whether the requests' bytes plus the charge of this charge's device
-    // (every WeakCharge of it) exceed the total: a pool of the device must
+    // Whether the requests' bytes plus the charge of this charge's account
+    // (every WeakCharge of it) exceed the total: a pool of the account must
     // not allocate a new block then (see above); false when tied to no
     // budget.
     bool OverShare() const;
@@ -137,10 +149,13 @@ class MemoryBudget {
     size_t slot_ = 0;
     uint64_t bytes_ = 0;
   };
-  // A new, empty charge on device `ordinal`'s account (never fails). One
-  // account per device slot (device_slot.h: the ordinals beyond 63 share
-  // one, as their FreeGate).
-  WeakCharge OpenWeakCharge(int ordinal) { return WeakCharge(anchor_, DeviceSlot(ordinal)); }
+  // The account of the pinned host pools (see above): pass it as the
+  // ordinal of OpenWeakCharge and charged_bytes.
+  static constexpr int kHostAccount = INT_MIN;
+  // A new, empty charge on device `ordinal`'s account, or the host's for
+  // kHostAccount (never fails). One account per device slot (device_slot.h:
+  // the ordinals beyond 63 share one, as their FreeGate), one for the host.
+  WeakCharge OpenWeakCharge(int ordinal) { return WeakCharge(anchor_, AccountSlot(ordinal)); }
 
   uint64_t total_bytes() const { return total_bytes_; }
   uint64_t per_request_bytes() const { return per_request_bytes_; }
@@ -148,8 +163,8 @@ class MemoryBudget {
   // gauge).
   uint64_t used_bytes() const;
   uint64_t request_bytes() const;             // the requests' alone
-  uint64_t charged_bytes() const;             // every device's charges
-  uint64_t charged_bytes(int ordinal) const;  // device `ordinal`'s account
+  uint64_t charged_bytes() const;             // every account's charges
+  uint64_t charged_bytes(int ordinal) const;  // device `ordinal`'s account (or kHostAccount)
 
  private:
   absl::Status Take(uint64_t held, uint64_t bytes, absl::string_view what);
@@ -159,6 +174,11 @@ class MemoryBudget {
   void Uncharge(size_t slot, uint64_t bytes) noexcept;
   bool OverShare(size_t slot) const;
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The host account's slot follows the device slots.
+  static constexpr size_t kHostSlot = kDeviceSlots;
+  static constexpr size_t AccountSlot(int ordinal) {
+    return ordinal == kHostAccount ? kHostSlot : DeviceSlot(ordinal);
+  }
 
   // What a WeakCharge reaches its budget through; null once it is gone.
   struct Anchor {
@@ -171,9 +191,9 @@ class MemoryBudget {
   ServiceMetrics* const metrics_;
   const std::shared_ptr<Anchor> anchor_;
   mutable tokensel::Mutex mu_;
-  uint64_t requests_ ABSL_GUARDED_BY(mu_) = 0;                         // Reservations' bytes
-  uint64_t charged_ ABSL_GUARDED_BY(mu_) = 0;                          // every account's
-  std::array<uint64_t, kDeviceSlots> charges_ ABSL_GUARDED_BY(mu_){};  // per account
+  uint64_t requests_ ABSL_GUARDED_BY(mu_) = 0;                             // Reservations' bytes
+  uint64_t charged_ ABSL_GUARDED_BY(mu_) = 0;                              // every account's
+  std::array<uint64_t, kDeviceSlots + 1> charges_ ABSL_GUARDED_BY(mu_){};  // per account
 };
 
 }  // namespace tokensel::core

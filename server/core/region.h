@@ -51,6 +51,10 @@ struct FdRegionSpec {
   // one's start. When set, `fd` is null and `allocation_size` 0 (the
   // segments supersede them); empty for the single-allocation form.
   std::vector<VmmSegmentSpec> segments;
+  // kCudaVmm: the registering peer's principal (Peer::Principal(), set by
+  // the front end; empty: unknown, tests). Its deferred teardowns count in
+  // that peer's share of the device's FreeGate (free_gate.h, ReserveFor).
+  std::string owner;
 };
 
 struct CudaIpcSpec {

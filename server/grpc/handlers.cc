@@ -3,6 +3,7 @@
 #include <exception>
 #include <new>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -128,7 +129,8 @@ absl::Status Handlers::Execute(const std::string& session, const v1::ExecuteRequ
 
 absl::Status Handlers::Register(const std::string& session,
                                 const v1::RegisterBufferRequest& request,
-                                v1::RegisterBufferResponse* response) const {
+                                v1::RegisterBufferResponse* response,
+                                absl::string_view owner) const {
   core::RegionSpec spec;
   if (request.source_case() == v1::RegisterBufferRequest::kFd) {
     // The name first, so that a request doomed by it does not use up the
@@ -149,6 +151,8 @@ absl::Status Handlers::Register(const std::string& session,
   } else {
     ASSIGN_OR_RETURN(spec, RegionFromProto(request));
   }
+  // The peer's share of the device's FreeGate (VMM: free_gate.h).
+  if (auto* fd_spec = std::get_if<core::FdRegionSpec>(&spec)) fd_spec->owner = std::string(owner);
   ASSIGN_OR_RETURN(core::BufferInfo info, deps_.registry->Register(session, request.name(), spec));
   BufferInfoToProto(info, response->mutable_buffer());
   return absl::OkStatus();

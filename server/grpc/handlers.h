@@ -106,8 +106,10 @@ class Handlers {
   // fd.segments, all the segments' tickets (all or none) and maps them as
   // one CUDA VMM buffer; cuda_ipc: as converted; host_shm by name:
   // PERMISSION_DENIED.
+  // `owner`: the caller's Peer::Principal() (RunOptions::peer): a VMM
+  // registration counts in that peer's share of its device's FreeGate.
   absl::Status Register(const std::string& session, const v1::RegisterBufferRequest& request,
-                        v1::RegisterBufferResponse* response) const;
+                        v1::RegisterBufferResponse* response, absl::string_view owner = {}) const;
   absl::Status Unregister(const std::string& session,
                           const v1::UnregisterBufferRequest& request) const;
 

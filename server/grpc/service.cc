@@ -150,8 +150,8 @@ grpc::ServerUnaryReactor* TokenSelectService::RegisterBuffer(
   // Mapping may take a while (cudaIpcOpenMemHandle): a worker does it.
   return SessionCall(
       ctx, "RegisterBuffer", RunOn::kWorker,
-      [this, request, response](const std::string& session, const core::RunOptions&) {
-        return handlers_.Register(session, *request, response);
+      [this, request, response](const std::string& session, const core::RunOptions& options) {
+        return handlers_.Register(session, *request, response, options.peer);
       });
 }
 

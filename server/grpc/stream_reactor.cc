@@ -154,7 +154,7 @@ absl::Status StreamReactor::Dispatch(const v1::StreamRequest& request, v1::Strea
       return handlers_->Execute(session_, request.execute(), response->mutable_execute(), options);
     case v1::StreamRequest::kRegisterBuffer:
       return handlers_->Register(session_, request.register_buffer(),
-                                 response->mutable_register_buffer());
+                                 response->mutable_register_buffer(), options.peer);
     case v1::StreamRequest::kUnregisterBuffer:
       RETURN_IF_ERROR(handlers_->Unregister(session_, request.unregister_buffer()));
       response->mutable_unregister_buffer();

@@ -61,8 +61,9 @@ bool UndoLater(void* m, intptr_t /*unused*/) {
 // out-of-memory path can undo it here, on this thread, past a closed gate.
 void UndoThroughGate(std::unique_ptr<VmmMapping> m, core::FreeGate& gate) noexcept {
   const uint64_t bytes = m->counted_bytes;
+  const uint64_t owner = m->gate_owner;  // its share counts the entry (FreeGate::ReserveFor)
   // Owned by the entry from here: UndoLater deletes it.
-  gate.FreeOrDefer({&UndoLater, m.release(), 0, bytes});
+  gate.FreeOrDefer({&UndoLater, m.release(), 0, bytes, owner});
 }  // NOLINT(clang-analyzer-cplusplus.NewDeleteLeaks): the entry owns it
 
 // A Map in progress, owning its mapping: on any failure its partial mapping
@@ -74,7 +75,21 @@ class PendingMapping {
   PendingMapping(std::unique_ptr<VmmMapping> m, core::FreeGate* gate)
       : m_(std::move(m)), gate_(gate) {}
   ~PendingMapping() {
-    if (m_ != nullptr) UndoThroughGate(std::move(m_), *gate_);
+    if (m_ == nullptr) return;
+    if (!m_->HoldsDeviceResources()) {
+      // Failed before anything of the device was acquired (the first
+      // import refused, say): nothing to defer. Undo only gives the counted
+      // bytes back (no driver call), and the room goes back now; queuing a
+      // no-op entry held the room until the gate opened, so failing Maps
+      // behind a stuck wait filled the gate for every tenant (the seventh
+      // review's item 2a).
+      const uint64_t owner = m_->gate_owner;
+      m_->Undo();
+      m_.reset();
+      gate_->Unreserve(owner);
+      return;
+    }
+    UndoThroughGate(std::move(m_), *gate_);
   }
   VmmMapping& mapping() { return *m_; }
   // To the region, which undoes the mapping from now on and holds the room.
@@ -304,6 +319,7 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   const uint64_t offset = fd_spec->offset;
   const uint64_t size = fd_spec->size;
   const std::string uuid = fd_spec->device_uuid;
+  const std::string owner = fd_spec->owner;
   ASSIGN_OR_RETURN(const std::vector<Piece> pieces, PiecesOf(*fd_spec));
   const bool multi = !fd_spec->segments.empty();
   if (uuid.empty()) return absl::InvalidArgumentError("fd.device_uuid is empty (cuda_vmm)");
@@ -374,10 +390,15 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaVmmMapper::Map(
   // (free_gate.h), so that register / unregister churn while the gate is
   // closed ends in RESOURCE_EXHAUSTED, never in a teardown that cannot be
   // queued.
+  // In the registering peer's share too (the seventh review's item 2b):
+  // one peer's failing or churned registrations behind its own stuck wait
+  // fill at most its share of device k's room and deferred bytes, and the
+  // other peers still map on k (free_gate.h).
   // The mapping is allocated first (its teardown then allocates nothing).
   core::FreeGate& gate = core::FreeGate::ForDevice(device->ordinal);
   auto owned = std::make_unique<VmmMapping>();
-  RETURN_IF_ERROR(gate.Reserve("cuda_vmm: a mapping"));
+  ASSIGN_OR_RETURN(const uint64_t owner_id, gate.ReserveFor("cuda_vmm: a mapping", owner));
+  owned->gate_owner = owner_id;
   PendingMapping pending(std::move(owned), &gate);
   VmmMapping& m = pending.mapping();
   m.driver = driver_;

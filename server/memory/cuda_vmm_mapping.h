@@ -39,6 +39,21 @@ struct VmmMapping {
   bool reserved = false;
   std::shared_ptr<std::atomic<uint64_t>> counted;  // holds `counted_bytes` of the cap
   uint64_t counted_bytes = 0;
+  // The registering peer's id in the device gate's per-owner shares
+  // (FreeGate::ReserveFor; 0: none): its room and deferred bytes count there.
+  uint64_t gate_owner = 0;
+
+  // Whether anything of the device was acquired (an import, the
+  // reservation, a mapped segment): only then may Undo call the driver
+  // (and synchronize the device). Without, Undo only gives the counted
+  // bytes back.
+  bool HoldsDeviceResources() const {
+    if (reserved) return true;
+    for (const VmmMappedSegment& seg : segments) {
+      if (seg.imported || seg.mapped) return true;
+    }
+    return false;
+  }
 
   // Reverse order of acquisition: every mapped segment unmapped (last
   // first), the reservation freed, every imported handle released (last

@@ -8,6 +8,7 @@
 #include <new>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/block_pool.h"
@@ -54,12 +55,13 @@ TEST(BlockPoolTest, IdleBytesBeyondTheCapAreChargedToTheBudgetWhileTheGateIsClos
   EXPECT_EQ(p.pool.charged_bytes(), uint64_t{4} << 10);
   p.pool.Release(*again);
   EXPECT_EQ(budget.used_bytes(), uint64_t{20} << 10);
-  // The gate opens: its opened hook or the next release trims (whichever
-  // comes first), and the charge goes.
+  // The gate opens: its opened hook trims on the drainer, and the charge
+  // goes.
   gate.Leave();
   again = p.pool.Acquire(1024);
   ASSERT_OK(again);
   p.pool.Release(*again);
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);  // the drainer trims (not Release)
   EXPECT_GT(p.pool.frees(), 0);
   EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
   EXPECT_EQ(p.pool.charged_bytes(), 0u);
@@ -86,6 +88,7 @@ TEST(BlockPoolTest, AChargeBeyondTheTotalRefusesNewBlocksOnItsDeviceUntilFreed) 
   b = p.pool.Acquire(1024);  // the charged block is freed first (if the hook did not yet)
   ASSERT_OK(b);
   p.pool.Release(*b);
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);  // the drainer trims (not Release)
   EXPECT_EQ(budget.used_bytes(), 1024u);
   EXPECT_EQ(budget.charged_bytes(), 0u);
   // Detached: nothing stays charged to a budget about to end.
@@ -128,9 +131,10 @@ TEST(BlockPoolTest, ReusingAChargedBlockTakesOverItsCharge) {
   p.pool.Release(*again);
   r = MemoryBudget::Reservation();
   gate.Leave();
-  absl::StatusOr<BlockPool::Block> last = p.pool.Acquire(1024);  // trims on release
+  absl::StatusOr<BlockPool::Block> last = p.pool.Acquire(1024);
   ASSERT_OK(last);
   p.pool.Release(*last);
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);  // the drainer trims (not Release)
   EXPECT_EQ(p.pool.charged_bytes(), 0u);
   EXPECT_EQ(budget.used_bytes(), 0u);
   p.pool.AttachBudget(nullptr, 0);

@@ -97,12 +97,12 @@ TEST(BlockPoolShareTest, AChargedPoolOnOneDeviceRefusesNothingOnAnother) {
 TEST(BlockPoolShareTest, ThePoolsOfOneDeviceShareItsAccount) {
   FreeGate gate;
   MemoryBudget budget(64 * kKiB, 64 * kKiB, nullptr);
-  CountingPool pinned("pinned", 1024, 0, nullptr, &gate);
+  CountingPool workspaces("workspaces", 1024, 0, nullptr, &gate);
   CountingPool staging("staging", 1024, 0, nullptr, &gate);
-  pinned.pool.AttachBudget(&budget, 3);
+  workspaces.pool.AttachBudget(&budget, 3);
   staging.pool.AttachBudget(&budget, 3);
   gate.Enter();
-  ASSERT_OK(UseOnce(budget, pinned.pool, 40 * kKiB));
+  ASSERT_OK(UseOnce(budget, workspaces.pool, 40 * kKiB));
   EXPECT_EQ(budget.charged_bytes(3), 40 * kKiB);
   // 40 charged by the other pool of the device + 32 > 64: refused.
   EXPECT_THAT(UseOnce(budget, staging.pool, 32 * kKiB),
@@ -110,8 +110,55 @@ TEST(BlockPoolShareTest, ThePoolsOfOneDeviceShareItsAccount) {
   ASSERT_OK(UseOnce(budget, staging.pool, 24 * kKiB));  // 40 + 24 = 64: at the total
   EXPECT_EQ(budget.charged_bytes(3), 64 * kKiB);
   gate.Leave();
-  pinned.pool.AttachBudget(nullptr, 3);
+  workspaces.pool.AttachBudget(nullptr, 3);
   staging.pool.AttachBudget(nullptr, 3);
+}
+
+// The production wiring (PoolWiringOf, as CudaBackend wires its pools): a
+// stuck client on device k closes k's gate and so the host gate; device j's
+// pinned pool then cannot trim and charges its idle bytes beyond the cap.
+// They go to the HOST account, so j's device pools still allocate with the
+// whole total (the seventh review's item 1: they were charged to j's
+// account, and j's device pools refused every new block although j's gate
+// was open). What stays, unavoidably: new pinned blocks on every device are
+// refused once the host account is full (no pinned free can run anywhere).
+TEST(BlockPoolShareTest, AStuckDeviceFillsNoOtherDevicesAccountThroughItsPinnedPool) {
+  constexpr int k = 41;  // ordinals no other test uses: the gates are the process's
+  constexpr int j = 42;
+  constexpr int other = 43;
+  MemoryBudget budget(64 * kKiB, 64 * kKiB, nullptr);
+  const backends::PoolWiring pinned_j = backends::PoolWiringOf(backends::PoolKind::kPinnedHost, j);
+  const backends::PoolWiring pinned_o =
+      backends::PoolWiringOf(backends::PoolKind::kPinnedHost, other);
+  const backends::PoolWiring device_j = backends::PoolWiringOf(backends::PoolKind::kDevice, j);
+  EXPECT_EQ(pinned_j.gate, &FreeGate::ForHost());
+  EXPECT_EQ(device_j.gate, &FreeGate::ForDevice(j));
+  CountingPool pinned("pinned j", 1024, 0, nullptr, pinned_j.gate);
+  CountingPool pinned_other("pinned other", 1024, 0, nullptr, pinned_o.gate);
+  CountingPool staging("staging j", 1024, 0, nullptr, device_j.gate);
+  pinned.pool.AttachBudget(&budget, pinned_j.account);
+  pinned_other.pool.AttachBudget(&budget, pinned_o.account);
+  staging.pool.AttachBudget(&budget, device_j.account);
+  FreeGate::ForDevice(k).Enter();  // k's client never records its event
+  ASSERT_FALSE(FreeGate::ForHost().open());
+  ASSERT_TRUE(FreeGate::ForDevice(j).open());
+  // Client B on device j: inline tensors of growing sizes, each a new
+  // pinned block that cannot be trimmed.
+  for (size_t kib : {8, 16, 32}) ASSERT_OK(UseOnce(budget, pinned.pool, kib * kKiB));
+  EXPECT_EQ(pinned.pool.charged_bytes(), 56 * kKiB);
+  EXPECT_EQ(budget.charged_bytes(MemoryBudget::kHostAccount), 56 * kKiB);
+  EXPECT_EQ(budget.charged_bytes(j), 0u);
+  // j's device pool allocates a new block with the whole total (48 KiB of
+  // requests + j's charge 0 <= 64 KiB).
+  ASSERT_OK(UseOnce(budget, staging.pool, 48 * kKiB));
+  EXPECT_EQ(staging.mallocs, 1);
+  // The host account is full: a new pinned block of any device is refused.
+  EXPECT_THAT(UseOnce(budget, pinned_other.pool, 48 * kKiB),
+              StatusIs(StatusCode::kResourceExhausted, "over the server's memory budget total"));
+  FreeGate::ForDevice(k).Leave();
+  pinned.pool.AttachBudget(nullptr, pinned_j.account);
+  pinned_other.pool.AttachBudget(nullptr, pinned_o.account);
+  staging.pool.AttachBudget(nullptr, device_j.account);
 }
 
 // A gate that opens trims its pools' charged excess without any further
@@ -147,6 +194,50 @@ TEST(BlockPoolShareTest, OpeningTheGateGivesTheChargeBackAtOnce) {
   absl::MutexLock lock(&mu);
   ASSERT_FALSE(freed_on.empty());
   for (const std::thread::id& id : freed_on) EXPECT_NE(id, std::this_thread::get_id());
+}
+
+// The seventh review's item 7: a Release over the cap (gate open) does not
+// trim on the releasing thread (the completion thread or a request thread:
+// a cudaFree there, or a cudaFreeHost that may wait for every device's
+// kernels, held up everything behind it); it asks the gate's drainer,
+// which frees. Until then the bytes beyond the cap are charged.
+TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
+  FreeGate gate;
+  MemoryBudget budget(1 << 20, 1 << 20, nullptr);
+  absl::Mutex mu;
+  std::vector<std::thread::id> freed_on;
+  std::atomic<bool> releasing{false};
+  std::atomic<int> freed_while_releasing{0};
+  BlockPool pool(
+      "pool", 1024, 4 * kKiB,
+      [](size_t bytes) -> absl::StatusOr<void*> { return std::malloc(bytes); },
+      [&](void* p) {
+        if (releasing.load()) ++freed_while_releasing;
+        absl::MutexLock lock(&mu);
+        freed_on.push_back(std::this_thread::get_id());
+        std::free(p);
+      },
+      &gate);
+  pool.AttachBudget(&budget, 0);
+  std::vector<BlockPool::Block> blocks;
+  for (size_t kib : {2, 3, 8, 16}) blocks.push_back(*pool.Acquire(kib * kKiB));
+  const std::thread::id self = std::this_thread::get_id();
+  for (const BlockPool::Block& b : blocks) {
+    releasing = true;
+    pool.Release(b);
+    releasing = false;
+    absl::MutexLock lock(&mu);
+    for (const std::thread::id& id : freed_on) ASSERT_NE(id, self) << "freed inside Release";
+  }
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_GT(pool.frees(), 0);
+  EXPECT_LE(pool.cached_bytes(), pool.max_cached_bytes());
+  EXPECT_EQ(pool.charged_bytes(), 0u);
+  EXPECT_EQ(budget.used_bytes(), 0u);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(freed_on.size(), static_cast<size_t>(pool.frees()));
+  for (const std::thread::id& id : freed_on) EXPECT_NE(id, self);
+  pool.AttachBudget(nullptr, 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/backends/fake_stream_device.h"
@@ -123,9 +124,8 @@ TEST(BlockPoolTest, AReleasedBlockAboveTheCapIsFreedAtOnce) {
 // While a stream of the device waits on a client's event (FreeGate entered)
 // a free would synchronize the device behind that event: nothing is freed,
 // the idle blocks stay beyond the cap, and once the gate reopens its
-// opened hook (on the gate's drainer) or the first release trims them,
-// whichever comes first (pool.frees() counts a block when it is taken to
-// be freed, so it is exact while the hook is still freeing).
+// opened hook trims them on the gate's drainer (a release over the cap
+// asks the drainer too; never trims on its own thread).
 TEST(BlockPoolTest, NothingIsFreedWhileTheGateIsClosed) {
   backends::FreeGate gate;
   CountingPool p("pool", 1024, 4096, nullptr, &gate);
@@ -141,6 +141,7 @@ TEST(BlockPoolTest, NothingIsFreedWhileTheGateIsClosed) {
   absl::StatusOr<BlockPool::Block> again = p.pool.Acquire(1024);
   ASSERT_OK(again);
   p.pool.Release(*again);
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);  // the drainer trims (not Release)
   EXPECT_GT(p.pool.frees(), 0);
   EXPECT_LE(p.pool.cached_bytes(), p.pool.max_cached_bytes());
 }

@@ -86,12 +86,19 @@ struct CountingPool {
 
 // The three pools of a lease over CountingPool: pinned and device staging
 // (4 KiB granule, `staging_cap` idle each), workspaces (1 MiB granule,
-// `workspace_cap` idle); all logging their frees into `log` when set.
+// `workspace_cap` idle); all logging their frees into `log` when set. The
+// pools sit on `gate` (their trims run on its drainer, block_pool.h),
+// except the logged ones: those have no gate and free inside Release, so
+// the log shows exactly when each block went back relative to the device
+// calls (and no drainer writes to the log while the device does).
 struct LeasePools {
   LeasePools(size_t staging_cap, size_t workspace_cap, std::vector<Call>* log = nullptr)
-      : pinned("pinned", 4096, staging_cap, log, &gate),
-        staging("staging", 4096, staging_cap, log, &gate),
-        workspaces("workspaces", 1 << 20, workspace_cap, log, &gate) {}
+      : pinned("pinned", 4096, staging_cap, log, PoolGate(log)),
+        staging("staging", 4096, staging_cap, log, PoolGate(log)),
+        workspaces("workspaces", 1 << 20, workspace_cap, log, PoolGate(log)) {}
+  backends::FreeGate* PoolGate(const std::vector<Call>* log) {
+    return log == nullptr ? &gate : nullptr;
+  }
   backends::StreamPools pools() {
     return backends::StreamPools{&pinned.pool, &staging.pool, &workspaces.pool, &gate};
   }

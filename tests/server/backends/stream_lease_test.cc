@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -170,6 +171,8 @@ TEST_F(StreamLeaseTest, IdleStagingIsTrimmedToTheCap) {
     ASSERT_OK(lease->StageInput(big.data(), big.size(), false));
     ASSERT_OK(lease->StageInput(big.data(), 100, false));
   }
+  // The pools trim on their gate's drainer, after the releases.
+  ASSERT_EQ(pools_.gate.AwaitDrained(absl::Seconds(10)), 0u);
   EXPECT_LE(pinned_.pool.cached_bytes(), pinned_.pool.max_cached_bytes());
   EXPECT_LE(staging_.pool.cached_bytes(), staging_.pool.max_cached_bytes());
   EXPECT_EQ(pinned_.frees, 1);

@@ -177,6 +177,26 @@ TEST_F(CudaVmmMapperTest, AFailedMapsTeardownWaitsForTheFreeGate) {
   EXPECT_EQ(gate.reserved(), reserved);
 }
 
+// The seventh review's item 2a: a Map refused before anything of the
+// device was acquired (its first import fails) gives its room back at once:
+// no no-op entry holds the gate's room until the gate opens, so failing
+// Maps behind a stuck wait cannot fill device k's room for every tenant.
+TEST_F(CudaVmmMapperTest, AMapFailingBeforeAnyImportGivesItsRoomBackAtOnce) {
+  core::FreeGate& gate = core::FreeGate::ForDevice(0);
+  const size_t reserved = gate.reserved();
+  driver_.FailAt(FakeDriver::kImport, -1);
+  gate.Enter();  // a stuck wait on device 0
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(mapper_.Map(Allocation(4 * kMiB, 0, 0, kMiB, kGpu0)).ok());
+  }
+  EXPECT_EQ(gate.deferred(), 0u);
+  EXPECT_EQ(gate.reserved(), reserved);
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_TRUE(Clean());
+  EXPECT_EQ(driver_.bad_calls, 0);
+}
+
 // The sixth review: teardowns queued behind a stuck wait keep memory
 // mapped with no byte bound. Past the device gate's max_deferred_bytes a
 // new mapping on that device is RESOURCE_EXHAUSTED naming the limit and the
