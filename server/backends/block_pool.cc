@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tokensel::backends {
 
@@ -40,7 +41,7 @@ BlockPool::~BlockPool() {
   // They stay reachable from a static list: intentionally leaked, not lost
   // (a leak checker does not report them).
   const bool may_free = gate_ == nullptr || gate_->BeginFree();
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   if (may_free) {
     for (const auto& [bytes, data] : idle_) free_(data);
   } else {
@@ -73,7 +74,7 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
   }
   bool over = false;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     auto it = idle_.lower_bound(rounded);
     if (it != idle_.end() && it->first / 2 <= rounded) {
       Block block{it->second, it->first};
@@ -94,7 +95,7 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
   if (over && (gate_ == nullptr || gate_->BeginFree())) {
     TrimHeld(max_cached_bytes_ / 2, nullptr);
     if (gate_ != nullptr) gate_->EndFree();
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     over = excess_.OverShare();
   }
   if (over) {
@@ -114,7 +115,7 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
   const bool gated = gate_ != nullptr && !gate_->open();
   absl::StatusOr<void*> data = allocate_(rounded);
   if (!data.ok()) return data.status();
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   spare_nodes_.insert(std::move(node));
   ++allocations_;
   if (gated) ++gated_allocations_;
@@ -123,21 +124,21 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
 }
 
 void BlockPool::AttachBudget(core::MemoryBudget* budget, int ordinal) {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   excess_ = budget != nullptr ? budget->OpenWeakCharge(ordinal) : core::MemoryBudget::WeakCharge();
   SettleChargeLocked();
 }
 
 void BlockPool::TrimOnOpen() noexcept {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (idle_bytes_ <= max_cached_bytes_) return;  // nothing charged
   }
   // Still open (a wait may have been queued since): else the next opening.
   if (!gate_->BeginFree()) return;
   void* keep = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     keep = std::exchange(keep_, nullptr);
   }
   TrimHeld(max_cached_bytes_ / 2, keep);  // as Release's trim, with hysteresis
@@ -150,7 +151,7 @@ void BlockPool::SettleChargeLocked() {
 
 void BlockPool::Abandon(Block block) noexcept {
   if (block.data == nullptr) return;
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   // Its Release will never come: its node goes (else it stayed for good).
   // It stays counted in use: the stuck device work may still use it.
   if (!spare_nodes_.empty()) spare_nodes_.erase(spare_nodes_.begin());
@@ -175,7 +176,7 @@ void BlockPool::Release(Block block) noexcept {
   if (block.data == nullptr) return;
   bool over = false;
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     --in_use_;
     // No allocation here (Release runs while unwinding): the block's node
     // was made by its Acquire. (A block this pool did not hand out finds
@@ -230,7 +231,7 @@ void BlockPool::TrimHeld(size_t low_water, void* keep) noexcept {
   while (true) {
     void* data = nullptr;
     {
-      absl::MutexLock lock(&mu_);
+      tokensel::MutexLock lock(&mu_);
       data = PopForTrimLocked(low_water, keep);
       if (data == nullptr) data = PopForTrimLocked(max_cached_bytes_, nullptr);
       if (data == nullptr) SettleChargeLocked();  // the charge of earlier closed periods
@@ -241,39 +242,39 @@ void BlockPool::TrimHeld(size_t low_water, void* keep) noexcept {
 }
 
 int64_t BlockPool::allocations() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return allocations_;
 }
 int64_t BlockPool::frees() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return frees_;
 }
 size_t BlockPool::cached_blocks() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return idle_.size();
 }
 size_t BlockPool::cached_bytes() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return idle_bytes_;
 }
 size_t BlockPool::blocks_in_use() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return in_use_;
 }
 uint64_t BlockPool::charged_bytes() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return excess_.bytes();
 }
 int64_t BlockPool::gated_allocations() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return gated_allocations_;
 }
 int64_t BlockPool::abandoned() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return abandoned_;
 }
 size_t BlockPool::spare_nodes() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return spare_nodes_.size();
 }
 

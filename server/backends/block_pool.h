@@ -81,7 +81,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "server/core/free_gate.h"
 #include "server/core/memory_budget.h"
 
@@ -159,7 +159,7 @@ class BlockPool {
   const AllocateFn allocate_;
   const FreeFn free_;
   FreeGate* const gate_;
-  mutable absl::Mutex mu_;
+  mutable tokensel::Mutex mu_;  // not absl::Mutex: ThreadSanitizer sees this one (common/mutex.h)
   std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);  // bytes -> block
   // One map node per block in use, made by Acquire (which may throw), so
   // that Release moves a node into idle_ instead of allocating one.

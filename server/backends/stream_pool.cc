@@ -22,7 +22,7 @@ absl::Status StreamPool::Init(int n) {
       // idle nor ever released (the review's item 15).
       for (Stream m : made) {
         {
-          absl::MutexLock lock(&mu_);
+          tokensel::MutexLock lock(&mu_);
           --live_;
           ++destroyed_;
         }
@@ -38,7 +38,7 @@ absl::Status StreamPool::Init(int n) {
 
 absl::StatusOr<StreamPool::Stream> StreamPool::Acquire() {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (!idle_.empty()) {
       const Stream s = idle_.back();
       idle_.pop_back();
@@ -50,7 +50,7 @@ absl::StatusOr<StreamPool::Stream> StreamPool::Acquire() {
     ++live_;  // counted before it exists: the reserve above covers it
   }
   absl::StatusOr<Stream> s = create_();
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   if (!s.ok()) {
     --live_;
     return s.status();
@@ -61,7 +61,7 @@ absl::StatusOr<StreamPool::Stream> StreamPool::Acquire() {
 
 void StreamPool::Release(Stream stream) noexcept {
   {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     if (idle_.size() < max_idle_) {
       idle_.push_back(stream);  // capacity >= live_ > idle_.size(): no allocation
       return;
@@ -75,7 +75,7 @@ void StreamPool::Release(Stream stream) noexcept {
 }
 
 size_t StreamPool::DestroyIdle() {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   for (Stream s : idle_) destroy_(s, destroy_arg_);
   live_ -= idle_.size();
   idle_.clear();
@@ -83,19 +83,19 @@ size_t StreamPool::DestroyIdle() {
 }
 
 size_t StreamPool::idle() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return idle_.size();
 }
 size_t StreamPool::live() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return live_;
 }
 int64_t StreamPool::created() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return created_;
 }
 int64_t StreamPool::destroyed() const {
-  absl::MutexLock lock(&mu_);
+  tokensel::MutexLock lock(&mu_);
   return destroyed_;
 }
 

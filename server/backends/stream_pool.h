@@ -29,7 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace tokensel::backends {
 
@@ -65,7 +65,7 @@ class StreamPool {
   const CreateFn create_;
   const DestroyFn destroy_;
   const intptr_t destroy_arg_;
-  mutable absl::Mutex mu_;
+  mutable tokensel::Mutex mu_;  // not absl::Mutex: ThreadSanitizer sees this one (common/mutex.h)
   std::vector<Stream> idle_ ABSL_GUARDED_BY(mu_);  // capacity >= live_
   size_t live_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t created_ ABSL_GUARDED_BY(mu_) = 0;
