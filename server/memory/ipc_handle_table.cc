@@ -7,6 +7,18 @@
 
 namespace tokensel::memory {
 
+namespace {
+
+// A copy with a representation of its own: an entry's verdict is returned to
+// Acquires on other threads and the entry may end on any thread meanwhile;
+// no absl::Status representation is shared between them (Debian's abseil is
+// not built for ThreadSanitizer, whose view of its reference count is partial).
+absl::Status OwnCopy(const absl::Status& status) {
+  return status.ok() ? absl::OkStatus() : absl::Status(status.code(), status.message());
+}
+
+}  // namespace
+
 absl::Status CheckOpened(const IpcHandleOps::Opened& opened, int device, const std::string& uuid) {
   // The device first: memory of another GPU is refused whatever its extent
   // (the server never uses a peer mapping of a client's memory: the op
@@ -97,7 +109,7 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
   } catch (...) {
     lock.lock();
     e->state = State::kGone;
-    e->refused = opened.status();
+    e->refused = OwnCopy(opened.status());
     opened_.erase(handle);
     gate.Unreserve();
     changed_.notify_all();
@@ -108,7 +120,7 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
   changed_.notify_all();
   if (!opened.ok()) {  // nothing is open: nothing left behind
     e->state = State::kGone;
-    e->refused = verdict;
+    e->refused = OwnCopy(verdict);
     opened_.erase(handle);
     gate.Unreserve();
     return verdict;
@@ -119,7 +131,7 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
   // Open but refused: closed like any refused registration (through the
   // gate, by the caller, with no reference); Acquires of it meanwhile get
   // the same answer.
-  e->refused = verdict;
+  e->refused = OwnCopy(verdict);
   return e;
 }
 
@@ -201,7 +213,7 @@ absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& h
           if (found->state == State::kOpen) {
             e = std::move(found);
           } else if (found->state == State::kGone && !found->refused.ok()) {
-            return found->refused;  // the open failed, or was refused and closed since
+            return OwnCopy(found->refused);  // the open failed, or was refused and closed since
           }
           break;               // otherwise (closing, or closed since): looked up again
         case State::kClosing:  // its close runs (the gate held open): then it is opened afresh
@@ -223,7 +235,7 @@ absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& h
       }
     }
     if (!e->refused.ok()) {
-      refused = e->refused;
+      refused = OwnCopy(e->refused);
     } else if (offset + size <= e->extent) {  // no overflow: the caller checked
       ++e->refs;
       ref.data_ = static_cast<char*>(e->base) + offset;

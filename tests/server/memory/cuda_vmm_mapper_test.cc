@@ -451,8 +451,8 @@ TEST_F(CudaVmmMapperTest, MappedBytesAreCapped) {
                        "fd.allocation_size 8388608) would pass the server's cap of 10485760 "
                        "mapped VMM bytes on device GPU-00000000-0000-0000-0000-00000000000a "
                        "(4194304 mapped now"));
+  AwaitVmmTeardowns();  // its imports' release, queued, before the driver is read or told to fail
   EXPECT_THAT(driver_.calls, ::testing::Not(::testing::Contains("reserve")));
-  AwaitVmmTeardowns();  // its imports' release, queued, before the driver is told to fail
   EXPECT_EQ(driver_.mapped.size(), 1u);
   // A failed map gives its bytes back.
   driver_.fail_at = FakeDriver::kSetAccess;
