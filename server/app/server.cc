@@ -87,6 +87,9 @@ absl::Status Server::Init() {
   async_limits.stuck_per_peer = options_.max_waits_per_peer;
   async_limits.stuck_total = options_.max_waits;
   RETURN_IF_ERROR(async_limits.CheckWaitCaps());
+  // Every live registration of one peer fits its share of a device's
+  // FreeGate rooms (free_gate.h; review2 of the seventh session, NIT 4).
+  static_assert(memory::SigbusGuard::kCapacity <= core::FreeGate::kMaxPendingPerOwner);
   if (options_.max_buffers_total > memory::SigbusGuard::kCapacity) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_buffers_total must be <= ", memory::SigbusGuard::kCapacity));

@@ -162,11 +162,18 @@ bool FreeGate::Drained() const {
 }
 
 absl::Status FreeGate::CheckRoomLocked(absl::string_view what) const {
-  if (deferred_bytes_ > max_deferred_bytes_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, ": ", name_, " has ", deferred_bytes_,
-                     " bytes waiting for their deferred teardown, more than the limit of ",
-                     max_deferred_bytes_, " (FreeGate max_deferred_bytes", kWhy));
+  // Each peer's queued bytes count here only up to its share (the review2
+  // of the seventh session, finding 1): a peer that queues more (several
+  // live mappings dropped at once behind its own stuck wait, or one mapping
+  // larger than the room) is refused by its own check (ReserveFor), never
+  // the other peers through this one.
+  const uint64_t counted = unowned_bytes_ + owned_counted_bytes_;
+  if (counted > max_deferred_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", name_, " has ", counted,
+        " bytes waiting for their deferred teardown, more than the limit of ", max_deferred_bytes_,
+        " (FreeGate max_deferred_bytes, each peer's bytes counted up to ", ByteShareLocked(),
+        kWhy));
   }
   if (reserved_ >= kMaxPending) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -189,7 +196,7 @@ absl::StatusOr<uint64_t> FreeGate::ReserveFor(absl::string_view what, absl::stri
     if (known != share_ids_.end()) {
       id = known->second;
       const Share& share = shares_.at(id);
-      const uint64_t byte_share = max_deferred_bytes_ / kOwnerShareDivisor;
+      const uint64_t byte_share = ByteShareLocked();
       if (share.deferred_bytes > byte_share) {
         return absl::ResourceExhaustedError(absl::StrCat(
             what, ": peer ", owner, " has ", share.deferred_bytes, " bytes on ", name_,
@@ -200,7 +207,7 @@ absl::StatusOr<uint64_t> FreeGate::ReserveFor(absl::string_view what, absl::stri
         return absl::ResourceExhaustedError(absl::StrCat(
             what, ": peer ", owner, " has ", share.rooms, " mappings on ", name_,
             " live or waiting for their deferred teardown, its share of ", kMaxPendingPerOwner,
-            " (FreeGate::kMaxPending / ", kOwnerShareDivisor, " per peer", kWhy));
+            " (FreeGate::kMaxPending / ", kMaxPending / kMaxPendingPerOwner, " per peer", kWhy));
       }
     }
   }
@@ -234,12 +241,20 @@ absl::StatusOr<uint64_t> FreeGate::ReserveFor(absl::string_view what, absl::stri
   return id;
 }
 
+uint64_t FreeGate::ByteShareLocked() const { return max_deferred_bytes_ / kOwnerShareDivisor; }
+
 void FreeGate::DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexcept {
-  auto it = shares_.find(id);
-  if (it == shares_.end()) return;
+  auto it = id == 0 ? shares_.end() : shares_.find(id);
+  if (it == shares_.end()) {  // no share (or a caller bug): counted as unowned
+    unowned_bytes_ -= std::min(bytes, unowned_bytes_);
+    return;
+  }
   Share& share = it->second;
   share.rooms -= std::min(rooms, share.rooms);
+  const uint64_t byte_share = ByteShareLocked();
+  owned_counted_bytes_ -= std::min(share.deferred_bytes, byte_share);
   share.deferred_bytes -= std::min(bytes, share.deferred_bytes);
+  owned_counted_bytes_ += std::min(share.deferred_bytes, byte_share);
   if (share.rooms == 0 && share.deferred_bytes == 0) {
     share_ids_.erase(share.owner);
     shares_.erase(it);
@@ -247,8 +262,16 @@ void FreeGate::DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexce
 }
 
 void FreeGate::AddShareBytesLocked(uint64_t id, uint64_t bytes) {
-  auto it = shares_.find(id);
-  if (it != shares_.end()) it->second.deferred_bytes += bytes;
+  auto it = id == 0 ? shares_.end() : shares_.find(id);
+  if (it == shares_.end()) {
+    unowned_bytes_ += bytes;
+    return;
+  }
+  // Counted toward the gate's limit only up to the owner's share.
+  const uint64_t byte_share = ByteShareLocked();
+  owned_counted_bytes_ -= std::min(it->second.deferred_bytes, byte_share);
+  it->second.deferred_bytes += bytes;
+  owned_counted_bytes_ += std::min(it->second.deferred_bytes, byte_share);
 }
 
 size_t FreeGate::reserved_by(absl::string_view owner) const {
@@ -276,7 +299,7 @@ void FreeGate::StartDrainerLocked() {
 void FreeGate::Unreserve(uint64_t owner) noexcept {
   tokensel::MutexLock lock(&list_mu_);
   if (reserved_ > 0) --reserved_;
-  if (owner != 0) DropShareLocked(owner, 1, 0);
+  DropShareLocked(owner, 1, 0);
 }
 
 void FreeGate::Run(const Deferred& free) noexcept {
@@ -297,7 +320,7 @@ void FreeGate::FreeOrDefer(Deferred free) noexcept {
     } else {
       deferred_.push_back(free);
       deferred_bytes_ += free.bytes;
-      if (free.owner != 0) AddShareBytesLocked(free.owner, free.bytes);
+      AddShareBytesLocked(free.owner, free.bytes);
       if (stopped_) {
         ++leaked_;  // after StopAll: kept (reachable), never run
       } else {
@@ -329,7 +352,7 @@ size_t FreeGate::Drain(bool drainer) noexcept {
       deferred_.pop_back();
       deferred_bytes_ -= next.bytes;
       // Its room stays the owner's until it ran (Run).
-      if (next.owner != 0) DropShareLocked(next.owner, 0, next.bytes);
+      DropShareLocked(next.owner, 0, next.bytes);
       ++running_;
     }
     Run(next);
@@ -444,6 +467,11 @@ uint64_t FreeGate::max_deferred_bytes() const {
 void FreeGate::set_max_deferred_bytes(uint64_t bytes) {
   tokensel::MutexLock lock(&list_mu_);
   max_deferred_bytes_ = bytes;
+  // The shares changed: each owner's counted bytes again.
+  owned_counted_bytes_ = 0;
+  for (const auto& [id, share] : shares_) {
+    owned_counted_bytes_ += std::min(share.deferred_bytes, ByteShareLocked());
+  }
 }
 
 }  // namespace tokensel::core

@@ -79,20 +79,38 @@
 // Bytes, too: teardowns queued behind a stuck wait keep memory alive (IPC
 // mappings, VMM mappings and staging keep other tenants' allocations
 // mapped). Past max_deferred_bytes() of queued teardowns (counted when
-// queued: Deferred::bytes) Reserve refuses new resources on this gate's
+// queued: Deferred::bytes; each owner's only up to its share, below)
+// Reserve refuses new resources on this gate's
 // device with RESOURCE_EXHAUSTED naming the limit and the device.
 // Per owner (ReserveFor; the seventh review's item 2b): one tenant whose own
 // wait keeps the gate closed could otherwise fill the room and the bytes
 // with failing or churned registrations and refuse every other tenant's.
 // A resource reserved for an owner (a peer's principal: the VMM mapper's
-// registrations) counts in that owner's share too: at most
-// kMaxPendingPerOwner rooms (a quarter of kMaxPending) and a quarter of
-// max_deferred_bytes() queued; past its share only that owner is refused.
-// A quarter, not less: one peer legitimately registers up to the
-// registry's limits (65536 buffers, a half of kMaxPending), and four peers
-// at their shares still leave the others nothing, which the shares do not
-// prevent (they bound what ONE peer takes; many colluding principals are
-// the registry's and the session quotas' matter).
+// registrations, and the IPC handles a peer's registration opened) counts
+// in that owner's share too: at most kMaxPendingPerOwner rooms (live and
+// queued) and max_deferred_bytes() / kOwnerShareDivisor bytes queued; past
+// its share only that owner is refused.
+//  - Bytes arrive when a teardown is queued (FreeOrDefer), not when it is
+//    reserved: a peer holding several live mappings drops them at once, or
+//    drops one mapping larger than the room, and queues more than its
+//    share without any check. So the gate's own limit counts each owner's
+//    queued bytes only up to its share (review2 of the seventh session,
+//    finding 1): counted = unowned + sum over owners of min(bytes_o,
+//    share). A peer past its share never makes the others refused; its own
+//    check refuses it. deferred_bytes() is still the true total. The bound
+//    on what waits is therefore max_deferred_bytes() plus the excess of
+//    the owners past their shares (each owner's excess is bounded by what
+//    it can have live when it drops it: the per-device mapped-bytes cap of
+//    the VMM mapper; IPC handles by the exporters' allocations).
+//  - Rooms: a half of kMaxPending, which is SigbusGuard::kCapacity, the
+//    largest --max_buffers_total (server.cc asserts it): rooms count LIVE
+//    registrations too, and one peer may legitimately hold every buffer
+//    the registry allows with nothing stuck (review2's NIT 4: a quarter
+//    refused the 32769th live registration of a server configured for
+//    65536). One peer at its share still leaves the others kMaxPending / 2
+//    rooms, as many as the registry lets all peers hold live.
+// The shares bound what ONE peer takes; many colluding principals are the
+// registry's and the session quotas' matter.
 // Thread-safe.
 #ifndef TOKENSEL_SERVER_CORE_FREE_GATE_H_
 #define TOKENSEL_SERVER_CORE_FREE_GATE_H_
@@ -130,17 +148,18 @@ class FreeGate {
     uint64_t owner = 0;  // ReserveFor's id: the owner's share counts it; 0: none
   };
   // Reservations per gate: live resources that may defer plus deferred
-  // teardowns. Above the registry's largest buffer limit (65536 buffers,
-  // SigbusGuard::kCapacity), so only pending teardowns can reach it.
+  // teardowns. Twice the registry's largest buffer limit (65536 buffers,
+  // SigbusGuard::kCapacity), so live registrations alone never reach it.
   static constexpr size_t kMaxPending = size_t{1} << 17;
   // ForDevice keeps one gate per ordinal below this; the others share one.
   static constexpr int kMaxDevices = 64;
   // Default of max_deferred_bytes (per gate, so per device).
   static constexpr uint64_t kDefaultMaxDeferredBytes = uint64_t{8} << 30;
-  // Each owner's share (ReserveFor): 1 / kOwnerShareDivisor of kMaxPending
-  // and of max_deferred_bytes.
+  // Each owner's share (ReserveFor, see above): 1 / kOwnerShareDivisor of
+  // max_deferred_bytes, and a half of kMaxPending (>= the registry's
+  // largest buffer limit: live registrations count in it).
   static constexpr size_t kOwnerShareDivisor = 4;
-  static constexpr size_t kMaxPendingPerOwner = kMaxPending / kOwnerShareDivisor;
+  static constexpr size_t kMaxPendingPerOwner = kMaxPending / 2;
   // StopAll's bound for the drainers to run what can run.
   static constexpr absl::Duration kStopBound = absl::Seconds(2);
 
@@ -248,7 +267,11 @@ class FreeGate {
   int waits_ ABSL_GUARDED_BY(mu_) = 0;
   mutable tokensel::Mutex list_mu_;  // after mu_ (a free runs holding neither)
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(list_mu_);  // capacity >= reserved_
-  uint64_t deferred_bytes_ ABSL_GUARDED_BY(list_mu_) = 0;
+  uint64_t deferred_bytes_ ABSL_GUARDED_BY(list_mu_) = 0;     // the true total
+  // What the byte limit compares (see above): queued bytes of no owner,
+  // and the sum over owners of min(bytes queued, their share).
+  uint64_t unowned_bytes_ ABSL_GUARDED_BY(list_mu_) = 0;
+  uint64_t owned_counted_bytes_ ABSL_GUARDED_BY(list_mu_) = 0;
   size_t reserved_ ABSL_GUARDED_BY(list_mu_) = 0;
   int running_ ABSL_GUARDED_BY(list_mu_) = 0;  // popped, not finished
   int64_t dropped_ ABSL_GUARDED_BY(list_mu_) = 0;
@@ -272,11 +295,13 @@ class FreeGate {
   std::map<uint64_t, Share> shares_ ABSL_GUARDED_BY(list_mu_);
   std::map<std::string, uint64_t, std::less<>> share_ids_ ABSL_GUARDED_BY(list_mu_);
   uint64_t next_share_ ABSL_GUARDED_BY(list_mu_) = 1;
-  // Counts `bytes` more (or fewer) queued for owner `id`; a share holding
-  // nothing goes.
+  // Counts `bytes` more (Add) or `rooms` and `bytes` fewer (Drop) for
+  // owner `id` (0 or no share: the unowned bytes), keeping the counted
+  // bytes; a share holding nothing goes.
   void AddShareBytesLocked(uint64_t id, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   void DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexcept
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  uint64_t ByteShareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   absl::Status CheckRoomLocked(absl::string_view what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   mutable tokensel::Mutex hooks_mu_;

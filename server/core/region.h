@@ -62,6 +62,11 @@ struct CudaIpcSpec {
   std::string device_uuid;
   uint64_t offset = 0;
   uint64_t size = 0;
+  // The registering peer's principal (as FdRegionSpec::owner, set by the
+  // front end): a handle this registration opens counts in that peer's
+  // share of the device's FreeGate until its close ran (review2 of the
+  // seventh session, finding 1).
+  std::string owner;
 };
 
 using RegionSpec = std::variant<FdRegionSpec, CudaIpcSpec>;

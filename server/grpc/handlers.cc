@@ -151,8 +151,12 @@ absl::Status Handlers::Register(const std::string& session,
   } else {
     ASSIGN_OR_RETURN(spec, RegionFromProto(request));
   }
-  // The peer's share of the device's FreeGate (VMM: free_gate.h).
+  // The peer's share of the device's FreeGate (VMM mappings, IPC handles:
+  // free_gate.h); a client cannot set it.
   if (auto* fd_spec = std::get_if<core::FdRegionSpec>(&spec)) fd_spec->owner = std::string(owner);
+  if (auto* ipc_spec = std::get_if<core::CudaIpcSpec>(&spec)) {
+    ipc_spec->owner = std::string(owner);
+  }
   ASSIGN_OR_RETURN(core::BufferInfo info, deps_.registry->Register(session, request.name(), spec));
   BufferInfoToProto(info, response->mutable_buffer());
   return absl::OkStatus();

@@ -69,8 +69,9 @@ absl::StatusOr<std::unique_ptr<core::MappedRegion>> CudaIpcMapper::Map(
   // Read once into locals (the spec is server-private already).
   const uint64_t offset = ipc->offset;
   const uint64_t size = ipc->size;
-  ASSIGN_OR_RETURN(IpcHandleTable::Ref ref,
-                   table_->Acquire(ipc->handle, device->ordinal, device->uuid, offset, size));
+  ASSIGN_OR_RETURN(
+      IpcHandleTable::Ref ref,
+      table_->Acquire(ipc->handle, device->ordinal, device->uuid, offset, size, ipc->owner));
   if (options_.region_hook) options_.region_hook();
   return std::make_unique<IpcRegion>(std::move(ref), size, device->uuid);
 }

@@ -31,13 +31,17 @@
 // (ipc_handle_table.h).
 // Handles are refcounted across registrations, and closed
 // (cudaIpcCloseMemHandle) when the last region using it is destroyed,
-// through that device's FreeGate (server/core/free_gate.h). Regions keep
+// through that device's FreeGate (server/core/free_gate.h); the gate room
+// of a handle is reserved in the share of the peer whose registration
+// opened it (CudaIpcSpec::owner: its closes refuse only that peer past its
+// share). Regions keep
 // the mapper's state alive, so they may outlive the mapper. Every CUDA call
 // runs with its device current, restoring the caller's device only if the
 // caller had a context (cuda_vmm_device_scope.h).
 //
 // Errors (messages name the field; RESOURCE_EXHAUSTED when the device has
-// too many handles open or waiting to be closed, FreeGate::kMaxPending):
+// too many handles open or waiting to be closed, FreeGate::kMaxPending, or
+// the registering peer holds more than its share of them):
 //   INVALID_ARGUMENT    not a CudaIpcSpec; handle not exactly 64 bytes;
 //                       empty device_uuid; size == 0; a handle the driver
 //                       rejects as invalid or as already mapped (an alias)

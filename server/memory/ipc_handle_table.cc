@@ -79,14 +79,17 @@ core::FreeGate::Deferred IpcHandleTable::QueueCloseLocked(Entry& e) {
   e.close_queued = true;
   e.keep = shared_from_this();  // the table outlives its deferred close
   // The bytes it gives back: the mapping's extent (the review's item 13).
-  return core::FreeGate::Deferred{&CloseLater, &e, 0, e.extent};
+  return core::FreeGate::Deferred{&CloseLater, &e, 0, e.extent, e.owner};
 }
 
 absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocked(
     std::unique_lock<std::mutex>& lock, const std::string& handle, int device,
-    const std::string& uuid) {
+    const std::string& uuid, const std::string& owner) {
   core::FreeGate& gate = gate_for_(device);
-  if (absl::Status room = gate.Reserve("cuda_ipc: opening a handle"); !room.ok()) return room;
+  // In the opener's share (the header): its closes refuse only that peer.
+  absl::StatusOr<uint64_t> room = gate.ReserveFor("cuda_ipc: opening a handle", owner);
+  if (!room.ok()) return room.status();
+  const uint64_t owner_id = *room;
   // The entry first (it may throw), then the open.
   std::shared_ptr<Entry> e;
   try {
@@ -95,9 +98,10 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
     e->handle = handle;
     e->device = device;
     e->gate = &gate;
+    e->owner = owner_id;
     opened_.emplace(handle, e);
   } catch (...) {
-    gate.Unreserve();
+    gate.Unreserve(owner_id);
     throw;
   }
   // Without the lock: other handles' Maps go on; this handle's wait on
@@ -111,7 +115,7 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
     e->state = State::kGone;
     e->refused = OwnCopy(opened.status());
     opened_.erase(handle);
-    gate.Unreserve();
+    gate.Unreserve(owner_id);
     changed_.notify_all();
     throw;
   }
@@ -122,7 +126,7 @@ absl::StatusOr<std::shared_ptr<IpcHandleTable::Entry>> IpcHandleTable::OpenLocke
     e->state = State::kGone;
     e->refused = OwnCopy(verdict);
     opened_.erase(handle);
-    gate.Unreserve();
+    gate.Unreserve(owner_id);
     return verdict;
   }
   e->base = opened->base;
@@ -183,7 +187,8 @@ absl::Status IpcHandleTable::AwaitRefusedClose(std::unique_lock<std::mutex>& loc
 
 absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& handle, int device,
                                                             const std::string& uuid,
-                                                            uint64_t offset, uint64_t size) {
+                                                            uint64_t offset, uint64_t size,
+                                                            const std::string& owner) {
   // Everything that may throw before the reference is taken.
   Ref ref;
   ref.table_ = shared_from_this();
@@ -197,7 +202,8 @@ absl::StatusOr<IpcHandleTable::Ref> IpcHandleTable::Acquire(const std::string& h
     while (e == nullptr) {
       auto it = opened_.find(handle);
       if (it == opened_.end()) {
-        absl::StatusOr<std::shared_ptr<Entry>> fresh = OpenLocked(lock, handle, device, uuid);
+        absl::StatusOr<std::shared_ptr<Entry>> fresh =
+            OpenLocked(lock, handle, device, uuid, owner);
         if (!fresh.ok()) return fresh.status();
         e = *std::move(fresh);
         break;

@@ -22,6 +22,12 @@
 //    any refused registration (the same error for Acquires of it until the
 //    close ran). offset + size beyond the allocation is OUT_OF_RANGE, and a
 //    handle opened just for it goes the way of a last Release (below).
+//  - The room on the gate is reserved for the opening registration's peer
+//    (Acquire's `owner`, FreeGate::ReserveFor): one peer's handles, live or
+//    queued for their close behind its own stuck wait, count in its share
+//    of the device's rooms and bytes (a close's bytes: the extent), so
+//    they refuse that peer, never the others (review2 of the seventh
+//    session, finding 1).
 //  - Release (the last Ref gone): the close (cudaIpcCloseMemHandle, which
 //    may synchronize the device) goes through the device's FreeGate AFTER
 //    the table's lock is released: queued for the gate's drainer thread,
@@ -128,9 +134,12 @@ class IpcHandleTable : public std::enable_shared_from_this<IpcHandleTable> {
   IpcHandleTable& operator=(const IpcHandleTable&) = delete;
 
   // A reference to `handle` opened on `device` (`uuid` names it in
-  // messages); its data() is base + offset. See above.
+  // messages); its data() is base + offset. See above. `owner`: the
+  // registering peer's principal (empty: none); a handle this call opens
+  // holds its gate room in that peer's share (FreeGate::ReserveFor) until
+  // its close ran, whoever references it later.
   absl::StatusOr<Ref> Acquire(const std::string& handle, int device, const std::string& uuid,
-                              uint64_t offset, uint64_t size);
+                              uint64_t offset, uint64_t size, const std::string& owner = "");
 
   // Handles in the table (opening, open, or closing); of which closing
   // (queued or running).
@@ -147,6 +156,7 @@ class IpcHandleTable : public std::enable_shared_from_this<IpcHandleTable> {
     int device = 0;
     uint64_t extent = 0;
     core::FreeGate* gate = nullptr;  // holds one room for the close
+    uint64_t owner = 0;              // the room's share (ReserveFor's id; 0: none)
     uint32_t refs = 0;
     absl::Status refused;                  // the open's verdict when not OK
     bool close_queued = false;             // handed to the gate, not run yet
@@ -159,7 +169,8 @@ class IpcHandleTable : public std::enable_shared_from_this<IpcHandleTable> {
   // entry open (or gone, its error returned).
   absl::StatusOr<std::shared_ptr<Entry>> OpenLocked(std::unique_lock<std::mutex>& lock,
                                                     const std::string& handle, int device,
-                                                    const std::string& uuid);
+                                                    const std::string& uuid,
+                                                    const std::string& owner);
   // `found` (open on another device than `device`, refused, no reference,
   // its close queued): returns OK once its close started or ran (`lock`
   // held again; the caller looks the handle up again), else UNAVAILABLE

@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/core/free_gate.h"
 #include "server/memory/cuda_vmm_mapper.h"
+#include "server/memory/sigbus_guard.h"
 #include "tests/server/memory/fake_cuda_vmm_driver.h"
 #include "tests/testing/status_matchers.h"
 
@@ -155,23 +157,35 @@ TEST(CudaVmmShareTest, OnePeersFailingMapsFillOnlyItsShareOfTheGate) {
   EXPECT_EQ(zero.reserved_by("uid:1001"), kShare);
   EXPECT_THAT(refused,
               StatusIs(StatusCode::kResourceExhausted,
-                       "cuda_vmm: a mapping: peer uid:1001 has 32768 mappings on device 0 live or "
-                       "waiting for their deferred teardown, its share of 32768"));
+                       "cuda_vmm: a mapping: peer uid:1001 has 65536 mappings on device 0 live or "
+                       "waiting for their deferred teardown, its share of 65536"));
   EXPECT_TRUE(OtherPeerMaps(mapper, driver, 4 * kMiB));  // not ASSERT: the gate must open
   OpenAndExpectClean(zero, driver);
   EXPECT_EQ(zero.reserved(), reserved);
   EXPECT_EQ(zero.reserved_by("uid:1001"), 0u);
 }
 
+// Device 0's gate with a 16 MiB byte limit (4 MiB per peer) for one test,
+// and a mapper under a 64 MiB cap.
+struct SmallByteLimit {
+  SmallByteLimit() { zero.set_max_deferred_bytes(16 * kMiB); }
+  ~SmallByteLimit() { zero.set_max_deferred_bytes(limit); }
+  SmallByteLimit(const SmallByteLimit&) = delete;
+  SmallByteLimit& operator=(const SmallByteLimit&) = delete;
+  FakeDriver driver;
+  CudaVmmMapper mapper{&driver, ShareOptions(64 * kMiB)};
+  core::FreeGate& zero = core::FreeGate::ForDevice(0);
+  const uint64_t limit = zero.max_deferred_bytes();
+};
+
 // The same for bytes: P's register / unregister churn behind its stuck wait
 // queues teardowns whose bytes pass its share (a quarter of the gate's
 // max_deferred_bytes): P is refused, Q maps.
 TEST(CudaVmmShareTest, OnePeersChurnFillsOnlyItsShareOfTheDeferredBytes) {
-  FakeDriver driver;
-  CudaVmmMapper mapper(&driver, ShareOptions(64 * kMiB));
-  core::FreeGate& zero = core::FreeGate::ForDevice(0);
-  const uint64_t limit = zero.max_deferred_bytes();
-  zero.set_max_deferred_bytes(16 * kMiB);  // 4 MiB per peer
+  SmallByteLimit t;
+  FakeDriver& driver = t.driver;
+  CudaVmmMapper& mapper = t.mapper;
+  core::FreeGate& zero = t.zero;
   zero.Enter();
   // P churns until it is refused (without shares: at the gate's limit,
   // which then refuses Q too).
@@ -195,8 +209,97 @@ TEST(CudaVmmShareTest, OnePeersChurnFillsOnlyItsShareOfTheDeferredBytes) {
                                 "their deferred teardown, more than its share of 4194304"));
   EXPECT_TRUE(OtherPeerMaps(mapper, driver, 2 * kMiB));  // not ASSERT: the gate must open
   OpenAndExpectClean(zero, driver);
-  zero.set_max_deferred_bytes(limit);
   EXPECT_EQ(zero.deferred_bytes_by("uid:1001"), 0u);
+}
+
+// Review2 of the seventh session, finding 1: the share was checked only
+// when P reserved, and the gate's own limit counted every owner's queued
+// bytes in full. P maps 5 x 4 MiB live (nothing queued: every check
+// passes), closes device 0's gate with its own wait and drops them all:
+// 20 MiB queued, more than the gate's 16 MiB. P's bytes count toward the
+// gate's limit only up to its 4 MiB share: Q still maps; P is refused by
+// its share.
+TEST(CudaVmmShareTest, OnePeersLiveMappingsDroppedAtOnceRefuseOnlyThatPeer) {
+  SmallByteLimit t;
+  FakeDriver& driver = t.driver;
+  CudaVmmMapper& mapper = t.mapper;
+  core::FreeGate& zero = t.zero;
+  std::vector<std::unique_ptr<core::MappedRegion>> live;
+  for (int i = 0; i < 5; ++i) {
+    core::FdRegionSpec p = WholeAllocation(driver, 4 * kMiB, 0);
+    p.owner = "uid:1001";
+    auto region = mapper.Map(p);
+    ASSERT_TRUE(region.ok()) << region.status();
+    live.push_back(*std::move(region));
+  }
+  zero.Enter();
+  live.clear();
+  EXPECT_EQ(zero.deferred_bytes(), 20 * kMiB);  // the true total
+  EXPECT_EQ(zero.deferred_bytes_by("uid:1001"), 20 * kMiB);
+  EXPECT_TRUE(OtherPeerMaps(mapper, driver, 4 * kMiB));  // not ASSERT: the gate must open
+  core::FdRegionSpec p = WholeAllocation(driver, 2 * kMiB, 0);
+  p.owner = "uid:1001";
+  EXPECT_THAT(mapper.Map(p), StatusIs(StatusCode::kResourceExhausted,
+                                      "peer uid:1001 has 20971520 bytes on device 0 waiting for "
+                                      "their deferred teardown, more than its share of 4194304"));
+  OpenAndExpectClean(zero, driver);
+  EXPECT_EQ(zero.deferred_bytes_by("uid:1001"), 0u);
+}
+
+// Unowned teardowns (staging, tests) still count in full, and the shares
+// follow set_max_deferred_bytes.
+TEST(FreeGateShareTest, OwnersCountUpToTheirShareUnownedInFull) {
+  core::FreeGate gate;
+  gate.set_max_deferred_bytes(400);  // share 100
+  auto nop = [](void*, intptr_t) { return true; };
+  absl::StatusOr<uint64_t> p = gate.ReserveFor("test", "uid:1001");
+  ASSERT_TRUE(p.ok()) << p.status();
+  gate.Enter();
+  gate.FreeOrDefer({nop, nullptr, 0, 1000, *p});  // counted: 100
+  ASSERT_TRUE(gate.Reserve("unowned").ok());
+  gate.FreeOrDefer({nop, nullptr, 0, 300, 0});  // counted: 400, not above
+  EXPECT_EQ(gate.deferred_bytes(), 1300u);
+  ASSERT_TRUE(gate.Reserve("unowned").ok());
+  gate.FreeOrDefer({nop, nullptr, 0, 1, 0});  // counted: 401
+  EXPECT_THAT(gate.Reserve("next"),
+              StatusIs(StatusCode::kResourceExhausted, "has 401 bytes waiting"));
+  gate.set_max_deferred_bytes(800);  // share 200: counted 501
+  EXPECT_TRUE(gate.Reserve("next").ok());
+  gate.Unreserve();
+  gate.set_max_deferred_bytes(500);  // share 125: counted 426
+  EXPECT_TRUE(gate.Reserve("next").ok());
+  gate.Unreserve();
+  gate.set_max_deferred_bytes(400);
+  gate.Leave();
+  EXPECT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_EQ(gate.deferred_bytes(), 0u);
+  EXPECT_EQ(gate.reserved(), 0u);
+  ASSERT_TRUE(gate.Reserve("again").ok());  // nothing counted any more
+  gate.Unreserve();
+}
+
+// Review2 of the seventh session, NIT 4: rooms count live registrations,
+// and one peer may hold every buffer the registry allows (up to
+// SigbusGuard::kCapacity, the largest --max_buffers_total) with nothing
+// stuck; the share refused the 32769th. One more is its share's refusal.
+TEST(FreeGateShareTest, OnePeerHoldsTheRegistrysLargestLimitLive) {
+  core::FreeGate gate;
+  uint64_t id = 0;
+  for (size_t i = 0; i < SigbusGuard::kCapacity; ++i) {
+    absl::StatusOr<uint64_t> room = gate.ReserveFor("a mapping", "uid:1001");
+    ASSERT_TRUE(room.ok()) << i << ": " << room.status();
+    id = *room;
+  }
+  EXPECT_EQ(gate.reserved_by("uid:1001"), SigbusGuard::kCapacity);
+  if (SigbusGuard::kCapacity == core::FreeGate::kMaxPendingPerOwner) {
+    EXPECT_THAT(gate.ReserveFor("a mapping", "uid:1001"),
+                StatusIs(StatusCode::kResourceExhausted, "its share of 65536"));
+  }
+  absl::StatusOr<uint64_t> other = gate.ReserveFor("a mapping", "uid:1002");
+  ASSERT_TRUE(other.ok()) << other.status();  // the others' room stays
+  gate.Unreserve(*other);
+  for (size_t i = 0; i < SigbusGuard::kCapacity; ++i) gate.Unreserve(id);
+  EXPECT_EQ(gate.reserved_by("uid:1001"), 0u);
 }
 
 }  // namespace

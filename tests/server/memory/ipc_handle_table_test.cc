@@ -194,6 +194,44 @@ TEST_F(IpcHandleTableTest, AHandleOpenOnOneDeviceIsRefusedOnAnother) {
   EXPECT_EQ(ops_.closes, 1);
 }
 
+// Review2 of the seventh session, finding 1 (IPC half): peer P's handle is
+// larger than the gate's whole byte limit; P holds the gate closed and
+// drops it, so its close queues more bytes than the limit. The room was
+// reserved for P (the opening registration's peer): the close counts in
+// P's share, and toward the gate's limit only up to that share, so peer Q
+// still opens a handle on the device; P itself is refused, by its share.
+TEST_F(IpcHandleTableTest, OnePeersBigCloseRefusesOnlyThatPeer) {
+  gates_[0].set_max_deferred_bytes(kExtent / 2);  // a share of kExtent / 8
+  absl::StatusOr<IpcHandleTable::Ref> p =
+      table_->Acquire(Handle('a'), 0, "GPU-test", 0, 16, "uid:1001");
+  ASSERT_OK(p);
+  EXPECT_EQ(gates_[0].reserved_by("uid:1001"), 1u);
+  gates_[0].Enter();                               // P's wait, never recorded
+  p = absl::CancelledError();                      // P unregisters: its close waits
+  EXPECT_EQ(gates_[0].deferred_bytes(), kExtent);  // the true total
+  EXPECT_EQ(gates_[0].deferred_bytes_by("uid:1001"), kExtent);
+  absl::StatusOr<IpcHandleTable::Ref> q =
+      table_->Acquire(Handle('b'), 0, "GPU-test", 0, 16, "uid:1002");
+  EXPECT_OK(q);
+  EXPECT_EQ(gates_[0].reserved_by("uid:1002"), 1u);
+  EXPECT_THAT(table_->Acquire(Handle('c'), 0, "GPU-test", 0, 16, "uid:1001"),
+              StatusIs(StatusCode::kResourceExhausted,
+                       "peer uid:1001 has 1048576 bytes on this gate waiting for their deferred "
+                       "teardown, more than its share of 131072"));
+  EXPECT_EQ(ops_.opens.count(Handle('c')), 0u);
+  // Unowned bytes still count in full: the gate's bound stays.
+  EXPECT_THAT(Acquire('d'), ::tokensel::testing::IsOk());  // 128 KiB counted: below the limit
+  EXPECT_THAT(Acquire('e'), StatusIs(StatusCode::kResourceExhausted,
+                                     "has 1179648 bytes waiting for their deferred teardown"));
+  q = absl::CancelledError();
+  gates_[0].Leave();
+  EXPECT_EQ(gates_[0].AwaitDrained(kWait), 0u);
+  EXPECT_EQ(ops_.closes, 3);
+  EXPECT_EQ(gates_[0].reserved(), 0u);
+  EXPECT_EQ(gates_[0].reserved_by("uid:1001"), 0u);
+  EXPECT_EQ(gates_[0].deferred_bytes_by("uid:1001"), 0u);
+}
+
 // A deferred close keeps the table alive: the mapper and every region may
 // be gone when it runs.
 TEST(IpcHandleTableLifetimeTest, ADeferredCloseOutlivesItsOwners) {
