@@ -110,8 +110,8 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
         " bytes: no new block while the requests' memory plus the idle blocks this pool's "
         "account (its device's; the host's for pinned memory) keeps beyond its caps ",
         closed ? "(unfreeable while a stream waits on a client's wait_event)"
-               : "(kept while a stream waited on a client's wait_event, not trimmed yet: the "
-                 "device's drainer frees them now)",
+               : "(kept while a stream waited on a client's wait_event, not trimmed yet: "
+                 "their gate's drainer frees them soon)",
         " are over the server's memory budget total (--memory_budget_bytes); retry later"));
   }
   // The node the block's Release will need, before anything is allocated:

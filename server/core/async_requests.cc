@@ -116,9 +116,9 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
   const std::string peer_where =
       absl::StrCat("for peer ", peer.empty() ? "(unnamed)" : peer, " (all its sessions)");
   // Before the admission caps: a session (or peer) whose events never
-  // complete is refused here, by its own count, and its stuck requests no
-  // longer take admission from anyone. A wait slot, counted with the stuck
-  // ones: what may turn stuck later is bounded now (async_requests.h).
+  // complete is refused here, by its own wait count (the refusal names the
+  // wait cap). A wait slot, counted with the stuck ones: what may turn
+  // stuck later is bounded now (async_requests.h).
   if (may_stick) {
     if (s.waiting + s.stuck >= limits_.stuck_per_session) {
       return RefuseWait(s.waiting, s.stuck, limits_.stuck_per_session, "in this session");

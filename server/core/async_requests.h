@@ -80,7 +80,9 @@
 // operator who serves mutually distrusting peers keeps
 // --max_waits_per_peer x --max_request_memory_bytes below the budget's
 // total. Flags, since the right numbers depend on the jobs
-// (AsyncLimits::CheckWaitCaps: 0 < per session <= per peer <= total).
+// (AsyncLimits::CheckWaitCaps: 0 < per session <= per peer <= total); a
+// wait cap above its admission cap never applies (every wait is in flight
+// or stuck: the admission cap refuses first).
 //
 // Per peer (the fourth review): every cap counts per session, per peer
 // (`peer`: core::Peer::Principal() of the caller, the identity
