@@ -70,7 +70,9 @@ ABSL_FLAG(uint32_t, max_waits_per_session, 8,
           "--max_waits_per_peer.");
 ABSL_FLAG(uint32_t, max_waits_per_peer, 64,
           "The same, all the sessions of one peer (a unix uid, or a TCP address) together: the "
-          "workers of one job usually share a uid. <= --max_waits.");
+          "workers of one job usually share a uid. <= --max_waits. A peer's stuck Executes may "
+          "hold this x --max_request_memory_bytes of the memory budget until their events "
+          "complete: keep it below --memory_budget_bytes when peers distrust each other.");
 ABSL_FLAG(uint32_t, max_waits, 256, "The same, in the whole server.");
 ABSL_FLAG(uint64_t, memory_budget_bytes, 0,
           "Server memory that requests in flight may hold together (inline staging, kernel "

@@ -58,7 +58,7 @@ BlockPool::~BlockPool() {
   if (gate_ != nullptr && may_free) gate_->EndFree();
   idle_.clear();
   idle_bytes_ = 0;
-  SettleChargeLocked();
+  ShrinkChargeLocked();
 }
 
 size_t BlockPool::AllocationBytes(size_t bytes) const {
@@ -82,7 +82,7 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
       // Its node waits for the block's Release (moving a node allocates nothing).
       spare_nodes_.insert(idle_.extract(it));
       ++in_use_;
-      SettleChargeLocked();  // reused: the request takes over its charge
+      ShrinkChargeLocked();  // reused: the request takes over its charge
       return block;
     }
     over = excess_.OverShare();
@@ -99,11 +99,20 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
     over = excess_.OverShare();
   }
   if (over) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(name_, " of ", bytes,
-                     " bytes: no new block on this device while the requests' memory plus the idle "
-                     "blocks it keeps while a stream waits on a client's wait_event are over the "
-                     "server's memory budget total (--memory_budget_bytes); retry later"));
+    // The cause, said as it is (the second read of the seventh review,
+    // finding 2: the message blamed a client's wait_event also when the
+    // gate was open). A charge exists only for a closed gate (Release,
+    // TrimOnOpen): either the gate is closed now, or it opened and its
+    // drainer has not trimmed yet.
+    const bool closed = gate_ != nullptr && !gate_->open();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name_, " of ", bytes,
+        " bytes: no new block while the requests' memory plus the idle blocks this pool's "
+        "account (its device's; the host's for pinned memory) keeps beyond its caps ",
+        closed ? "(unfreeable while a stream waits on a client's wait_event)"
+               : "(kept while a stream waited on a client's wait_event, not trimmed yet: "
+                 "their gate's drainer frees them soon)",
+        " are over the server's memory budget total (--memory_budget_bytes); retry later"));
   }
   // The node the block's Release will need, before anything is allocated:
   // if this throws, nothing is held.
@@ -126,16 +135,29 @@ absl::StatusOr<BlockPool::Block> BlockPool::Acquire(size_t bytes) {
 void BlockPool::AttachBudget(core::MemoryBudget* budget, int ordinal) {
   tokensel::MutexLock lock(&mu_);
   excess_ = budget != nullptr ? budget->OpenWeakCharge(ordinal) : core::MemoryBudget::WeakCharge();
-  SettleChargeLocked();
+  // Starts at 0: a charge is for a closed gate, and its next Release (or
+  // opened hook) settles it.
 }
 
 void BlockPool::TrimOnOpen() noexcept {
   {
     tokensel::MutexLock lock(&mu_);
-    if (idle_bytes_ <= max_cached_bytes_) return;  // nothing charged
+    if (idle_bytes_ <= max_cached_bytes_) {
+      ShrinkChargeLocked();  // nothing beyond the cap: nothing charged
+      return;
+    }
   }
-  // Still open (a wait may have been queued since): else the next opening.
-  if (!gate_->BeginFree()) return;
+  // Still open (a wait may have been queued since): else the next opening
+  // trims. Then the excess is charged here: a Release that found the gate
+  // open charged nothing and asked for this trim, and the gate closed
+  // before it (the second read of the seventh review, finding 2, option
+  // b). From now on it is a closed gate's charge like any other, given
+  // back by the opening's trim (this hook again).
+  if (!gate_->BeginFree()) {
+    tokensel::MutexLock lock(&mu_);
+    ChargeExcessLocked();
+    return;
+  }
   void* keep = nullptr;
   {
     tokensel::MutexLock lock(&mu_);
@@ -145,8 +167,15 @@ void BlockPool::TrimOnOpen() noexcept {
   gate_->EndFree();
 }
 
-void BlockPool::SettleChargeLocked() {
-  excess_.Set(idle_bytes_ > max_cached_bytes_ ? idle_bytes_ - max_cached_bytes_ : 0);
+size_t BlockPool::ExcessLocked() const {
+  return idle_bytes_ > max_cached_bytes_ ? idle_bytes_ - max_cached_bytes_ : 0;
+}
+
+void BlockPool::ChargeExcessLocked() { excess_.Set(ExcessLocked()); }
+
+void BlockPool::ShrinkChargeLocked() {
+  const uint64_t excess = ExcessLocked();
+  if (excess < excess_.bytes()) excess_.Set(excess);
 }
 
 void BlockPool::Abandon(Block block) noexcept {
@@ -192,9 +221,6 @@ void BlockPool::Release(Block block) noexcept {
     idle_bytes_ += block.bytes;
     over = idle_bytes_ > max_cached_bytes_;
     if (over) keep_ = block.data;  // the trim frees it last (see below)
-    // The idle bytes beyond the cap, which no request pays for, are
-    // charged until they are trimmed (or for as long as the gate is closed).
-    SettleChargeLocked();
   }
   if (!over) return;
   // Idle memory stays bounded: without a trim, requests of ever larger
@@ -219,10 +245,27 @@ void BlockPool::Release(Block block) noexcept {
   // completion thread (its other items must not wait behind a cudaFree, nor
   // a cudaFreeHost that may wait for every device's queued kernels) or a
   // request thread. The gate's drainer trims (TrimOnOpen, the opened hook).
-  // While the gate is closed nothing is asked: its opening runs the hook
-  // (the charge above is settled before the check, and a Leave after a
-  // closed check wakes the drainer after it).
-  if (gate_->open()) gate_->RunOpenedHooksSoon();
+  //
+  // The charge: only while the gate is closed (the second read of the
+  // seventh review, finding 2). Open: nothing is charged, the drainer is
+  // asked, and the idle bytes beyond the cap stay uncharged until its trim
+  // (as before item 7, when the trim ran here: a charge now would refuse
+  // every other pool of the account, all the devices' pinned pools for the
+  // host account, until the drainer ran, with no client stuck). If the gate
+  // closes before the trim, the trim charges instead (TrimOnOpen).
+  // Closed: the bytes beyond the cap, which no request pays for, are
+  // charged until the opening's trim; nothing is asked (the opening runs
+  // the hook). The check follows the insertion above: a Leave after a
+  // closed check wakes the drainer after it, and its trim settles the
+  // charge whichever of the two takes the pool's lock first (the charge is
+  // the excess of that moment; the trim leaves none). Checked outside the
+  // pool's lock: the gate's lock comes first (BeginFree, then the pool's).
+  if (gate_->open()) {
+    gate_->RunOpenedHooksSoon();
+    return;
+  }
+  tokensel::MutexLock lock(&mu_);
+  ChargeExcessLocked();
 }
 
 void BlockPool::TrimHeld(size_t low_water, void* keep) noexcept {
@@ -234,7 +277,7 @@ void BlockPool::TrimHeld(size_t low_water, void* keep) noexcept {
       tokensel::MutexLock lock(&mu_);
       data = PopForTrimLocked(low_water, keep);
       if (data == nullptr) data = PopForTrimLocked(max_cached_bytes_, nullptr);
-      if (data == nullptr) SettleChargeLocked();  // the charge of earlier closed periods
+      if (data == nullptr) ShrinkChargeLocked();  // the charge of earlier closed periods
     }
     if (data == nullptr) break;
     free_(data);

@@ -17,7 +17,14 @@
 //    releasing thread, which is the completion thread or a request thread
 //    (the seventh review's item 7; a pool without a gate, in tests and
 //    tools, trims at once). Until the trim, the idle bytes beyond the cap
-//    are charged as below. The trim frees the other idle blocks, largest
+//    are NOT charged while the gate is open (the second read of that
+//    review, finding 2: charging them refused every other pool of the
+//    account, all the devices' pinned pools for the host account, until
+//    the drainer ran, with no client stuck): they are uncharged for as long
+//    as the drainer is behind (its work runs only while the gate is open,
+//    so it waits for bounded device work), as they were for the length of
+//    the inline trim before. If the gate closes before the trim, the trim
+//    cannot free and charges them instead, as below. The trim frees the other idle blocks, largest
 //    first, until at most half of it is idle (hysteresis: trimming only to the cap
 //    would free a block on every release of a load hovering at the cap, the
 //    next wave would allocate it again, and cudaFree / cudaFreeHost
@@ -35,7 +42,9 @@
 //    for the drainer would refuse the request instead.
 //  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
 //    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
-//    request pays for any more, are charged to the MemoryBudget given to
+//    request pays for any more, are charged (by a Release that finds the
+//    gate closed, or by the drainer's trim that finds it closed; never
+//    while it is open) to the MemoryBudget given to
 //    AttachBudget, on the account of the pool's device or, for pinned
 //    pools, the host's (PoolWiringOf below; a
 //    MemoryBudget::WeakCharge of the pool's own, grown past the bounds if
@@ -48,7 +57,9 @@
 //    of a charge (the request takes it over: the charge shrinks); but while
 //    the requests' bytes plus the charge of the pool's device (every pool
 //    of it) are over the total, Acquire allocates no new block
-//    (RESOURCE_EXHAUSTED), and every block a request allocates was reserved
+//    (RESOURCE_EXHAUSTED, saying whether the gate is closed now or its
+//    drainer has not trimmed yet: no other cause exists, a charge being a
+//    closed gate's), and every block a request allocates was reserved
 //    by it first, so a closed gate cannot make the device's pools grow
 //    beyond what the budget admits (plus the caps). Another device's charge
 //    refuses nothing here.
@@ -65,8 +76,10 @@
 // Bounds: blocks in use are at most twice what their users asked for (the
 // callers count AllocationBytes in a MemoryBudget first), and idle blocks at
 // most `max_cached_bytes` once the drainer trimmed after a Release while the
-// gate is open; until then, and while it is closed, the idle bytes beyond
-// the cap are charged to the budget.
+// gate is open (until then the bytes beyond the cap are uncharged: a
+// transient overshoot of the budget, as long as the drainer is behind);
+// while it is closed, the idle bytes beyond the cap are charged to the
+// budget.
 //
 // Thread-safe. The destructor frees the idle blocks; every block must have
 // been released by then.
@@ -185,8 +198,13 @@ class BlockPool {
   // The gate's opened hook: trims the charged excess (on its drainer),
   // after the gate opened or a Release went over the cap.
   void TrimOnOpen() noexcept;
-  // excess_ = the idle bytes beyond the cap.
-  void SettleChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The idle bytes beyond the cap.
+  size_t ExcessLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // excess_ = ExcessLocked(): only for a closed gate (see above).
+  void ChargeExcessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // excess_ = min(excess_, ExcessLocked()): blocks reused or freed give
+  // their charge back; never charges.
+  void ShrinkChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace tokensel::backends

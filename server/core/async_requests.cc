@@ -76,15 +76,17 @@ void AsyncRequests::Ticket::Abandon() {
 
 AsyncRequests::~AsyncRequests() { WaitAll(absl::InfiniteDuration()); }
 
-absl::Status AsyncRequests::Refuse(uint32_t inflight, uint32_t limit, const char* where) {
+absl::Status AsyncRequests::Refuse(uint32_t inflight, uint32_t stuck, uint32_t limit,
+                                   const char* where) {
   ++rejected_;
   if (metrics_ != nullptr) metrics_->CountRefusedEventExecute();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "CUDA IPC events: ", inflight,
-      " Executes with events in flight (answered before completion, or waiting on a client "
-      "event) ",
-      where, ", the limit is ", limit,
-      "; wait on an earlier record_event (or send an Execute with no ops and no events) first"));
+      "CUDA IPC events: ", inflight + stuck, " Executes with events outstanding (", inflight,
+      " in flight: answered before completion, or waiting on a client event; ", stuck,
+      " stuck: abandoned while waiting on a wait_event that has not completed) ", where,
+      ", the limit is ", limit,
+      "; wait on an earlier record_event (or send an Execute with no ops and no events), or "
+      "complete (record) the events stuck requests wait on, first"));
 }
 
 absl::Status AsyncRequests::RefuseWait(uint32_t waiting, uint32_t stuck, uint32_t limit,
@@ -114,9 +116,9 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
   const std::string peer_where =
       absl::StrCat("for peer ", peer.empty() ? "(unnamed)" : peer, " (all its sessions)");
   // Before the admission caps: a session (or peer) whose events never
-  // complete is refused here, by its own count, and its stuck requests no
-  // longer take admission from anyone. A wait slot, counted with the stuck
-  // ones: what may turn stuck later is bounded now (async_requests.h).
+  // complete is refused here, by its own wait count (the refusal names the
+  // wait cap). A wait slot, counted with the stuck ones: what may turn
+  // stuck later is bounded now (async_requests.h).
   if (may_stick) {
     if (s.waiting + s.stuck >= limits_.stuck_per_session) {
       return RefuseWait(s.waiting, s.stuck, limits_.stuck_per_session, "in this session");
@@ -128,13 +130,22 @@ absl::StatusOr<AsyncRequests::Ticket> AsyncRequests::Admit(const std::string& se
       return RefuseWait(waiting_, stuck_, limits_.stuck_total, "in the server");
     }
   }
-  if (s.inflight >= limits_.per_session) {
-    return Refuse(s.inflight, limits_.per_session, "in this session");
+  // The admission caps count the stuck requests too (the second read of
+  // the seventh review, finding 3: a stuck request left them, so a peer
+  // held per_peer in flight plus stuck_per_peer stuck, each with its
+  // memory reservation, and "stuck requests pin no more than requests in
+  // flight may" was false): in flight + stuck <= per_session, per_peer
+  // and total. A peer's stuck requests thus take only its own admission
+  // (and its sessions'), and the server's share of them (async_requests.h).
+  if (s.inflight + s.stuck >= limits_.per_session) {
+    return Refuse(s.inflight, s.stuck, limits_.per_session, "in this session");
   }
-  if (p.inflight >= limits_.per_peer) {
-    return Refuse(p.inflight, limits_.per_peer, peer_where.c_str());
+  if (p.inflight + p.stuck >= limits_.per_peer) {
+    return Refuse(p.inflight, p.stuck, limits_.per_peer, peer_where.c_str());
   }
-  if (inflight_ >= limits_.total) return Refuse(inflight_, limits_.total, "in the server");
+  if (inflight_ + stuck_ >= limits_.total) {
+    return Refuse(inflight_, stuck_, limits_.total, "in the server");
+  }
   Session& admitted = sessions_[session];
   Counts& counts = peers_[peer];
   ++admitted.inflight;
@@ -157,7 +168,8 @@ void AsyncRequests::WaitPassed(const std::string& session, const std::string& pe
   if (auto it = sessions_.find(session); it != sessions_.end()) --it->second.waiting;
 }
 
-// From its wait slot (the ticket was waiting): waiting -> stuck, in flight -> not.
+// From its wait slot (the ticket was waiting): waiting -> stuck, in flight
+// -> stuck (both still count against the admission caps, async_requests.h).
 void AsyncRequests::Abandon(const std::string& session, const std::string& peer) {
   tokensel::MutexLock lock(&mu_);
   --inflight_;

@@ -9,10 +9,12 @@
 //   ... chain->Commit([t = std::move(t)](absl::Status s) mutable { t.Complete(s); });
 //
 // Caps: Admit answers RESOURCE_EXHAUSTED (counted in rejected()) when the
-// session already has `per_session` in flight, its peer `per_peer` or the
-// server `total`; nothing of the request runs. Each in-flight request holds a stream, its staging,
-// its workspaces and its memory reservation until the completion thread is
-// done with it, so the caps bound what clients that never wait can pin.
+// session already has `per_session` outstanding (in flight, or stuck:
+// below), its peer `per_peer` or the server `total`; nothing of the
+// request runs. Each in-flight request holds a stream, its staging, its
+// workspaces and its memory reservation until the completion thread is
+// done with it, and a stuck one for as long as its event does not
+// complete, so the caps bound what clients that never wait can pin.
 //
 // Deferred errors: Complete(error) keeps the first one per session until
 // TakeDeferred returns it (and forgets it): with the op's own code, its
@@ -26,13 +28,15 @@
 // (its deadline, the server's maximum wait), and an async one whose wait
 // had not passed 60 s after it began (StreamChain::kAsyncStuckAfter, the
 // bound of a sync host wait; the completion queue watches the wait's
-// marker and calls Ticket::Abandon: stream_chain.h). Such a request stops counting
-// against the admission caps above (those are for requests that will
-// complete) and counts as *stuck* instead, under the wait caps:
-// stuck_per_session, stuck_per_peer and stuck_total (the server's flags
+// marker and calls Ticket::Abandon: stream_chain.h). Such a request counts
+// as *stuck* instead of in flight, under the wait caps: stuck_per_session,
+// stuck_per_peer and stuck_total (the server's flags
 // --max_waits_per_session, --max_waits_per_peer, --max_waits; 8, 64, 256 by
-// default). A stuck request completes (its ticket) when its event finally
-// completes.
+// default), and still against the admission caps above: in flight + stuck
+// <= per_session, per_peer and total (the second read of the seventh
+// review, finding 3: it left them, so one peer held per_peer requests in
+// flight plus stuck_per_peer stuck, each with its memory reservation). A
+// stuck request completes (its ticket) when its event finally completes.
 //
 // Wait slots (the fifth review: the stuck caps held only at admission, and
 // requests admitted below them turned stuck later unchecked: one uid with 4
@@ -62,22 +66,36 @@
 // workers x 2-3 steps queued ahead are 16-24 pending waits, and 4 such
 // uids took the server's 64). 8 per session: a client may queue a few steps
 // ahead of its events. 64 per peer = per_peer and 256 per server = total,
-// the in-flight caps: a wait slot is taken only by a request admitted in
-// flight, so what stuck requests can pin is no more than what admission
-// already lets requests in flight pin at once, and one peer can pin at
-// most a quarter of the server's. Flags, since the right numbers depend on
-// the jobs (AsyncLimits::CheckWaitCaps: 0 < per session <= per peer <=
-// total).
+// the admission caps: a wait slot is taken only by a request admitted, and
+// a stuck request keeps counting against the admission caps, so what stuck
+// requests pin is no more than what admission lets requests in flight pin
+// at once (a peer's in flight + stuck <= per_peer), and one peer at most a
+// quarter of the server's requests. In memory, one peer's stuck requests
+// pin at most stuck_per_peer x the per-request bound
+// (--max_request_memory_bytes, min(total, 1 GiB) by default), within the
+// budget's total (--memory_budget_bytes, a quarter of RAM): with the
+// defaults 64 x 1 GiB, the whole budget of any host up to 256 GiB of RAM,
+// for as long as the peer leaves its events unrecorded (the other peers'
+// requests that need server memory are then RESOURCE_EXHAUSTED). An
+// operator who serves mutually distrusting peers keeps
+// --max_waits_per_peer x --max_request_memory_bytes below the budget's
+// total. Flags, since the right numbers depend on the jobs
+// (AsyncLimits::CheckWaitCaps: 0 < per session <= per peer <= total); a
+// wait cap above its admission cap never applies (every wait is in flight
+// or stuck: the admission cap refuses first).
 //
 // Per peer (the fourth review): every cap counts per session, per peer
 // (`peer`: core::Peer::Principal() of the caller, the identity
 // max_sessions_per_peer counts; "" in tests) and in the server, and by
 // default per_peer < total, stuck_per_peer < stuck_total. So one peer,
 // however many sessions it opens (up to max_sessions_per_peer, 256), holds
-// at most per_peer (64) in flight and stuck_per_peer (64) waiting or stuck:
-// it cannot take the server-wide admission (256) or wait cap (256) from
-// other peers; requests without a wait_event are never refused for stuck
-// ones.
+// at most per_peer (64) in flight or stuck, of them stuck_per_peer (64)
+// waiting or stuck: it cannot take the server-wide admission (256) or wait
+// cap (256) from other peers. Its stuck requests refuse only its own (and
+// its sessions') Executes with events, with or without a wait_event, and
+// take their share of the server's total; four peers at their caps (or one
+// principal behind four uids or addresses) fill the server's, which the
+// per-peer caps do not prevent.
 //
 // WaitSession / WaitAll block until nothing is in flight or stuck (for the session /
 // anywhere), polling `check` (a stop token) every few milliseconds: its
@@ -209,9 +227,9 @@ class AsyncRequests {
   void WaitPassed(const std::string& session, const std::string& peer);
   void Abandon(const std::string& session, const std::string& peer);
   // RESOURCE_EXHAUSTED naming `where` ("in this session", ...), the limit
-  // and the counts (in flight; or waiting and stuck). Requires mu_ (counts
-  // the refusal).
-  absl::Status Refuse(uint32_t inflight, uint32_t limit, const char* where)
+  // and the counts (in flight and stuck; or waiting and stuck). Requires
+  // mu_ (counts the refusal).
+  absl::Status Refuse(uint32_t inflight, uint32_t stuck, uint32_t limit, const char* where)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWait(uint32_t waiting, uint32_t stuck, uint32_t limit, const char* where)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

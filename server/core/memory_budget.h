@@ -38,7 +38,14 @@
 // and between allocations its pools only shrink: each account's pools hold
 // at most about the total plus their caps, as before. C_a is at most the
 // total (plus a request's blocks). Without a closed gate every charge is 0
-// and nothing changed; with k devices' gates closed (k >= 1: the host gate
+// and nothing changed: a pool charges only while its gate is closed (a
+// Release, or the drainer's trim, that finds it closed; block_pool.h), and
+// the opening's trim gives the charge back (the second read of the seventh
+// review, finding 2: a Release over the cap charged also with the gate
+// open, until the drainer trimmed, and so refused every other pool of the
+// account, all the devices' pinned pools for the host account, with no
+// client stuck). Between an opening and its trim on the gate's drainer the
+// closed period's charge still counts. With k devices' gates closed (k >= 1: the host gate
 // is closed too) the server holds at most
 // R + C_1 + ... + C_k + C_host <= (k + 2) x total (plus the caps), not
 // 1 x total as the one shared account did, and not (n + 1) x total for n

@@ -110,8 +110,12 @@ absl::StatusOr<SessionInfo> SessionManager::OpenOrThrow(const std::string& clien
   absl::Status status;
   // 1. Under the lock: the room is checked and reserved (counted for the
   // owner and in all, as an open session is), and a fresh id drawn. A
-  // refusal begins nothing.
-  {
+  // refusal begins nothing. The sessions CheckRoomLocked reaped to make
+  // room are out of the table: they end here on every path, also when a
+  // later step of this one throws (std::bad_alloc drawing the id, copying
+  // the begin, counting the owner: the second read of the seventh review,
+  // NIT 5; their registrations, tickets and events were held until exit).
+  try {
     tokensel::MutexLock lock(&mu_);
     status = CheckRoomLocked(owner, clock_(), &expired);
     if (status.ok()) {
@@ -128,8 +132,11 @@ absl::StatusOr<SessionInfo> SessionManager::OpenOrThrow(const std::string& clien
       }
     }
     UpdateGaugeLocked();
+  } catch (...) {
+    EndAll(expired);  // outside the lock (the lock guard is gone)
+    throw;
   }
-  for (const std::string& e : expired) End(e);
+  EndAll(expired);
   if (!status.ok()) return status;
   // 2. The begin, outside the lock (the seventh review: it ran under it, and
   // the backend's BeginSession takes every device's event cache lock, so a
@@ -248,7 +255,7 @@ int SessionManager::ReapExpired() {
     EraseExpiredLocked(clock_(), &expired);
     if (!expired.empty()) UpdateGaugeLocked();
   }
-  for (const std::string& id : expired) End(id);
+  EndAll(expired);
   if (!expired.empty()) {
     TS_LOG(INFO) << "reaped " << expired.size() << " expired sessions";
   }
@@ -265,7 +272,7 @@ void SessionManager::CloseAll() {
     }
     UpdateGaugeLocked();
   }
-  for (const std::string& id : ids) End(id);
+  EndAll(ids);
 }
 
 size_t SessionManager::count() const {
@@ -275,6 +282,10 @@ size_t SessionManager::count() const {
 
 void SessionManager::End(const std::string& id) {
   if (on_end_) on_end_(id);
+}
+
+void SessionManager::EndAll(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) End(id);
 }
 
 void SessionManager::UpdateGaugeLocked() {

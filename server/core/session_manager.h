@@ -76,7 +76,8 @@ class SessionManager {
   // max_sessions or the peer's max_sessions_per_peer (expired sessions are
   // reaped first to make room). Never throws: std::bad_alloc (of the begin
   // callback too) is RESOURCE_EXHAUSTED, any other exception INTERNAL, with
-  // no session left (OpenSession's handler answers what Open returns).
+  // no session left (OpenSession's handler answers what Open returns); the
+  // expired sessions it reaped end all the same, whatever it returns.
   absl::StatusOr<SessionInfo> Open(const std::string& client_name, absl::Duration requested_ttl,
                                    const Peer& peer = Peer());
   // Renews the lease and returns it. NOT_FOUND (unknown or expired);
@@ -103,6 +104,7 @@ class SessionManager {
     uint32_t pins = 0;
   };
   void End(const std::string& id);
+  void EndAll(const std::vector<std::string>& ids);  // End of each, in order
   // Open, which may throw (Open turns that into a status).
   absl::StatusOr<SessionInfo> OpenOrThrow(const std::string& client_name,
                                           absl::Duration requested_ttl, const Peer& peer);

@@ -240,5 +240,120 @@ TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
   pool.AttachBudget(nullptr, 0);
 }
 
+// Holds a gate's drainer inside an opened hook of its own until Let() (or
+// its end): the hooks of the gate's pools wait behind it, as behind a slow
+// cudaFreeHost of another device's pinned pool on the host gate's drainer.
+class DrainerHold {
+ public:
+  explicit DrainerHold(FreeGate& gate) : gate_(gate) {
+    id_ = gate_.AddOpenedHook([this] {
+      absl::MutexLock lock(&mu_);
+      running_ = true;
+      mu_.Await(absl::Condition(&let_));
+    });
+    gate_.RunOpenedHooksSoon();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&running_));
+  }
+  ~DrainerHold() {
+    Let();
+    gate_.RemoveOpenedHook(id_);  // waits for the call in progress
+  }
+  void Let() {
+    absl::MutexLock lock(&mu_);
+    let_ = true;
+  }
+
+ private:
+  FreeGate& gate_;
+  uint64_t id_ = 0;
+  absl::Mutex mu_;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool let_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The second read of the seventh review, finding 2: a Release over the cap
+// with the gate open charged the idle excess until the drainer trimmed, so
+// every other pool of the account (all the devices' pinned pools share the
+// host account) refused new blocks meanwhile, blaming a client's
+// wait_event, although no gate was closed. With the gate open, a Release
+// charges nothing (the trim is asked of the drainer, as before).
+TEST(BlockPoolShareTest, AReleaseOverTheCapWithTheGateOpenRefusesNoOtherPoolOfTheAccount) {
+  FreeGate gate;
+  MemoryBudget budget(64 * kKiB, 64 * kKiB, nullptr);
+  CountingPool a("a", 1024, 4 * kKiB, nullptr, &gate);
+  CountingPool b("b", 1024, 4 * kKiB, nullptr, &gate);
+  a.pool.AttachBudget(&budget, MemoryBudget::kHostAccount);
+  b.pool.AttachBudget(&budget, MemoryBudget::kHostAccount);
+  absl::StatusOr<BlockPool::Block> big = a.pool.Acquire(32 * kKiB);
+  ASSERT_OK(big);
+  {
+    DrainerHold hold(gate);  // the trim cannot run yet
+    a.pool.Release(*big);    // 32 KiB idle, 4 KiB cap: 28 KiB to trim
+    EXPECT_EQ(a.frees, 0);
+    EXPECT_EQ(a.pool.charged_bytes(), 0u) << "charged with the gate open";
+    EXPECT_EQ(budget.charged_bytes(MemoryBudget::kHostAccount), 0u);
+    // The requests' bytes near the total: 48 KiB + 28 KiB charged > 64 KiB.
+    MemoryBudget::Reservation r = budget.Open();
+    ASSERT_OK(r.Grow(48 * kKiB, "staging for x"));
+    absl::StatusOr<BlockPool::Block> fresh = b.pool.Acquire(48 * kKiB);
+    ASSERT_OK(fresh) << "another pool of the account refused while no gate was closed";
+    b.pool.Release(*fresh);
+  }
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_GT(a.frees, 0) << "the drainer trims once let go";
+  EXPECT_LE(a.pool.cached_bytes(), a.pool.max_cached_bytes());
+  EXPECT_EQ(budget.used_bytes(), 0u);
+  a.pool.AttachBudget(nullptr, MemoryBudget::kHostAccount);
+  b.pool.AttachBudget(nullptr, MemoryBudget::kHostAccount);
+}
+
+// The other half of that choice: the gate closes between a Release's check
+// (open: nothing charged, the drainer asked) and the drainer's trim. The
+// trim cannot free then (BeginFree fails), so it charges the excess, which
+// from then on is held for a closed gate like any other; the opening trims
+// it and gives the charge back. And a pool refused a new block while the
+// gate is open again but the charge not trimmed yet says so, without
+// blaming a wait still in progress.
+TEST(BlockPoolShareTest, AGateClosedBeforeTheDrainersTrimChargesTheExcessThen) {
+  FreeGate gate;
+  MemoryBudget budget(64 * kKiB, 64 * kKiB, nullptr);
+  CountingPool a("a", 1024, 4 * kKiB, nullptr, &gate);
+  CountingPool b("b", 1024, 4 * kKiB, nullptr, &gate);
+  a.pool.AttachBudget(&budget, 0);
+  b.pool.AttachBudget(&budget, 0);
+  absl::StatusOr<BlockPool::Block> big = a.pool.Acquire(32 * kKiB);
+  ASSERT_OK(big);
+  {
+    DrainerHold hold(gate);
+    a.pool.Release(*big);
+    EXPECT_EQ(a.pool.charged_bytes(), 0u);
+    gate.Enter();  // a stream waits on a client's event before the trim ran
+  }
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_EQ(a.frees, 0);
+  EXPECT_EQ(a.pool.charged_bytes(), 28 * kKiB) << "the closed gate's excess is not charged";
+  MemoryBudget::Reservation r = budget.Open();
+  ASSERT_OK(r.Grow(48 * kKiB, "staging for x"));
+  EXPECT_THAT(b.pool.Acquire(48 * kKiB).status(),
+              StatusIs(StatusCode::kResourceExhausted, "while a stream waits on a client's"));
+  {
+    // Open again, the trim not run yet: refused, naming the trim.
+    DrainerHold hold(gate);
+    gate.Leave();
+    EXPECT_THAT(b.pool.Acquire(48 * kKiB).status(),
+                StatusIs(StatusCode::kResourceExhausted, "not trimmed yet"));
+  }
+  ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
+  EXPECT_GT(a.frees, 0);
+  EXPECT_EQ(a.pool.charged_bytes(), 0u);
+  absl::StatusOr<BlockPool::Block> fresh = b.pool.Acquire(48 * kKiB);
+  ASSERT_OK(fresh);
+  b.pool.Release(*fresh);
+  r = MemoryBudget::Reservation();
+  a.pool.AttachBudget(nullptr, 0);
+  b.pool.AttachBudget(nullptr, 0);
+}
+
 }  // namespace
 }  // namespace tokensel::testing

@@ -112,7 +112,7 @@ TEST_F(ChainCapsTest, OnePeersWaitsNeverExceedTheStuckCaps) {
   EXPECT_EQ(async.peer_stuck("uid:1"), 4u);
   EXPECT_EQ(async.stuck(), 6u);
   EXPECT_LE(async.stuck(), limits.stuck_total);
-  EXPECT_EQ(async.inflight(), 0u) << "stuck ones keep no admission";
+  EXPECT_EQ(async.inflight(), 0u) << "stuck ones count as stuck, not in flight";
   // A third peer is served: the server-wide stuck cap is not one peer's.
   ASSERT_OK(RunAsync(async, "c1", "uid:3", Handle('p')));
   ASSERT_OK(RunAsync(async, "c1", "uid:3", Handle('p')));

@@ -21,7 +21,9 @@ namespace {
 using ::absl::StatusCode;
 
 // The stuck caps (async_requests.h): per session, then server-wide; only
-// for requests that may get stuck; an abandoned ticket frees its admission.
+// for requests that may get stuck; an abandoned ticket counts as stuck, not
+// in flight, and keeps its admission (the second read of the seventh
+// review, finding 3).
 TEST(AsyncRequestsTest, AbandonedTicketsCountAsStuckUnderTheirOwnCaps) {
   core::AsyncRequests async(core::AsyncLimits{2, 3, 2, 3});
   std::vector<core::AsyncRequests::Ticket> held;
@@ -39,7 +41,14 @@ TEST(AsyncRequestsTest, AbandonedTicketsCountAsStuckUnderTheirOwnCaps) {
               StatusIs(StatusCode::kResourceExhausted, "in this session, the limit is 2"));
   EXPECT_THAT(async.Admit("u", "", true).status(),
               StatusIs(StatusCode::kResourceExhausted, "in the server, the limit is 3"));
-  for (const char* s : {"s", "u", "u"}) EXPECT_OK(async.Admit(s, "", false)) << s;
+  // Stuck ones keep their admission: the session's (2) and the server's (3)
+  // are taken.
+  EXPECT_THAT(async.Admit("s", "", false).status(),
+              StatusIs(StatusCode::kResourceExhausted,
+                       "2 Executes with events outstanding (0 in flight: answered before "
+                       "completion, or waiting on a client event; 2 stuck"));
+  EXPECT_THAT(async.Admit("u", "", false).status(),
+              StatusIs(StatusCode::kResourceExhausted, "in the server, the limit is 3"));
   EXPECT_FALSE(async.WaitAll(absl::Milliseconds(1))) << "stuck ones are waited for";
   held[0].Complete(absl::OkStatus());
   EXPECT_EQ(async.stuck("s"), 1u);
@@ -103,14 +112,19 @@ TEST(AsyncRequestsTest, OnePeerCannotTakeTheServersCapsWithManySessions) {
   EXPECT_EQ(async.peer_inflight("uid:1"), 3u);
   EXPECT_EQ(async.inflight("p4"), 0u) << "a refusal leaves no entry";
   // Stuck: the peer's stuck cap (waiting + stuck) applies across its
-  // sessions, and a stuck ticket no longer counts in flight for the peer.
+  // sessions; a stuck ticket counts as stuck, not in flight, and still
+  // takes the peer's admission.
   held[0].Abandon();
   held[1].Abandon();
   EXPECT_EQ(async.peer_stuck("uid:1"), 2u);
   EXPECT_EQ(async.peer_inflight("uid:1"), 1u);
   EXPECT_THAT(async.Admit("p5", "uid:1", true).status(),
               StatusIs(StatusCode::kResourceExhausted, "for peer uid:1 (all its sessions)"));
-  EXPECT_OK(async.Admit("p5", "uid:1", false)) << "no wait_event: not refused for stuck ones";
+  EXPECT_THAT(async.Admit("p5", "uid:1", false).status(),
+              StatusIs(StatusCode::kResourceExhausted, "1 in flight"))
+      << "stuck ones count";
+  held[2].Complete(absl::OkStatus());
+  EXPECT_OK(async.Admit("p5", "uid:1", false)) << "2 stuck + 1 in flight <= 3";
   // Another peer is served in full.
   for (const char* s : {"q1", "q1", "q2"}) EXPECT_OK(async.Admit(s, "uid:2", true)) << s;
   held.clear();
@@ -180,7 +194,10 @@ TEST(AsyncRequestsTest, WaitsThatNeverPassCannotExceedTheStuckCaps) {
                        "64 Executes with a wait_event that has not completed (0 waiting on it, "
                        "64 abandoned while waiting on a wait_event) for peer uid:1 (all its "
                        "sessions), the limit is 64"));
-  EXPECT_OK(async.Admit("uid:1/x", "uid:1", false)) << "no wait_event: not refused for stuck ones";
+  EXPECT_THAT(async.Admit("uid:1/x", "uid:1", false).status(),
+              StatusIs(StatusCode::kResourceExhausted, "for peer uid:1"))
+      << "its stuck ones keep its admission";
+  EXPECT_OK(async.Admit("c", "uid:3", false)) << "not another peer's";
   // The server's cap, by construction too: more peers fill it (waiting and
   // stuck mixed), and the first wait beyond it is refused, whoever asks.
   std::vector<core::AsyncRequests::Ticket> others;
@@ -202,6 +219,45 @@ TEST(AsyncRequestsTest, WaitsThatNeverPassCannotExceedTheStuckCaps) {
   mine.clear();
   theirs.clear();
   others.clear();
+  EXPECT_EQ(async.stuck(), 0u);
+}
+
+// The second read of the seventh review, finding 3: a stuck request left
+// the admission caps, so one peer with per_peer (64) stuck Executes, each
+// holding its memory reservation (up to the per-request bound) for as long
+// as it leaves its events unrecorded, was admitted 64 more; what stuck
+// requests pin was not bounded by what admission lets in flight pin. Now a
+// peer's in flight + stuck stays within per_peer: with its cap's worth
+// stuck it admits nothing more, with or without a wait_event, while
+// another peer is served.
+TEST(AsyncRequestsTest, APeerWithItsCapOfStuckRequestsAdmitsNoMoreAnotherPeerDoes) {
+  core::AsyncRequests async{core::AsyncLimits()};
+  const core::AsyncLimits& l = async.limits();
+  ASSERT_EQ(l.per_peer, l.stuck_per_peer);  // the defaults: the whole cap can turn stuck
+  std::vector<core::AsyncRequests::Ticket> stuck;
+  for (uint32_t i = 0; i < l.per_peer; ++i) {
+    const std::string session = absl::StrCat("s", i / l.stuck_per_session);
+    absl::StatusOr<core::AsyncRequests::Ticket> t = async.Admit(session, "uid:1", true);
+    ASSERT_OK(t) << i;
+    stuck.push_back(*std::move(t));
+  }
+  for (core::AsyncRequests::Ticket& t : stuck) t.Abandon();  // 60 s later
+  EXPECT_EQ(async.peer_stuck("uid:1"), l.per_peer);
+  EXPECT_EQ(async.peer_inflight("uid:1"), 0u);
+  for (bool wait : {false, true}) {
+    EXPECT_THAT(async.Admit("fresh", "uid:1", wait).status(),
+                StatusIs(StatusCode::kResourceExhausted, "for peer uid:1 (all its sessions)"))
+        << "wait_event " << wait << ": admitted beyond the peer's cap";
+  }
+  EXPECT_LE(async.peer_inflight("uid:1") + async.peer_stuck("uid:1"), l.per_peer);
+  // Another peer: in flight, and with a wait_event.
+  absl::StatusOr<core::AsyncRequests::Ticket> other = async.Admit("o", "uid:2", false);
+  ASSERT_OK(other);
+  ASSERT_OK(async.Admit("o", "uid:2", true));
+  // One of the peer's events completes: one admission back.
+  stuck.pop_back();
+  EXPECT_OK(async.Admit("fresh", "uid:1", false));
+  stuck.clear();
   EXPECT_EQ(async.stuck(), 0u);
 }
 

@@ -115,6 +115,38 @@ TEST_F(SessionManagerTest, ABeginThatThrowsLeavesNoSessionSlotTaken) {
   EXPECT_EQ(seen, 0u);
 }
 
+// The second read of the seventh review, NIT 5: an Open that reaps expired
+// sessions to make room, then runs out of memory before it reserved its own
+// (here: copying the begin callback), still ends the sessions it reaped;
+// they were out of the table already, so nothing else would (their buffers,
+// tickets and events stayed held until exit).
+TEST_F(SessionManagerTest, AnOpenThatThrowsAfterReapingStillEndsTheReapedSessions) {
+  SessionManager sessions = Make(/*max_sessions=*/1);
+  // A begin callback whose copy fails on demand (the std::function copy in
+  // Open's first step).
+  struct CopyMayFail {
+    bool* fail;
+    CopyMayFail(bool* f) : fail(f) {}  // NOLINT(google-explicit-constructor)
+    CopyMayFail(const CopyMayFail& other) : fail(other.fail) {
+      if (*fail) throw std::bad_alloc();
+    }
+    void operator()(const std::string&) const {}
+  };
+  bool fail = false;
+  sessions.set_on_begin(CopyMayFail(&fail));
+  absl::StatusOr<SessionInfo> a = sessions.Open("a", absl::Seconds(5));
+  ASSERT_OK(a);
+  Advance(absl::Seconds(6));  // a's lease ran out; the next Open reaps it
+  fail = true;
+  EXPECT_THAT(sessions.Open("b", absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, "out of memory"));
+  EXPECT_EQ(sessions.count(), 0u);
+  EXPECT_THAT(ended_, ElementsAre(a->id)) << "the reaped session was never ended";
+  fail = false;
+  ASSERT_OK(sessions.Open("c", absl::ZeroDuration()));
+  EXPECT_THAT(ended_, ElementsAre(a->id)) << "ended once";
+}
+
 TEST_F(SessionManagerTest, TtlDefaultsAndIsCapped) {
   SessionManager sessions = Make();
   EXPECT_EQ(sessions.Open("a", absl::ZeroDuration())->ttl, absl::Seconds(10));
