@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/block_pool.h"
@@ -167,13 +168,13 @@ TEST(BlockPoolShareTest, AStuckDeviceFillsNoOtherDevicesAccountThroughItsPinnedP
 TEST(BlockPoolShareTest, OpeningTheGateGivesTheChargeBackAtOnce) {
   FreeGate gate;
   MemoryBudget budget(1 << 20, 1 << 20, nullptr);
-  absl::Mutex mu;
+  tokensel::Mutex mu;  // ThreadSanitizer sees it (common/mutex.h)
   std::vector<std::thread::id> freed_on;
   BlockPool pool(
       "pool", 1024, 4 * kKiB,
       [](size_t bytes) -> absl::StatusOr<void*> { return std::malloc(bytes); },
       [&](void* p) {
-        absl::MutexLock lock(&mu);
+        tokensel::MutexLock lock(&mu);
         freed_on.push_back(std::this_thread::get_id());
         std::free(p);
       },
@@ -191,7 +192,7 @@ TEST(BlockPoolShareTest, OpeningTheGateGivesTheChargeBackAtOnce) {
   EXPECT_EQ(pool.charged_bytes(), 0u);
   EXPECT_EQ(budget.used_bytes(), 0u);
   EXPECT_LE(pool.cached_bytes(), pool.max_cached_bytes());
-  absl::MutexLock lock(&mu);
+  tokensel::MutexLock lock(&mu);
   ASSERT_FALSE(freed_on.empty());
   for (const std::thread::id& id : freed_on) EXPECT_NE(id, std::this_thread::get_id());
 }
@@ -204,7 +205,7 @@ TEST(BlockPoolShareTest, OpeningTheGateGivesTheChargeBackAtOnce) {
 TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
   FreeGate gate;
   MemoryBudget budget(1 << 20, 1 << 20, nullptr);
-  absl::Mutex mu;
+  tokensel::Mutex mu;  // ThreadSanitizer sees it (common/mutex.h)
   std::vector<std::thread::id> freed_on;
   std::atomic<bool> releasing{false};
   std::atomic<int> freed_while_releasing{0};
@@ -213,7 +214,7 @@ TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
       [](size_t bytes) -> absl::StatusOr<void*> { return std::malloc(bytes); },
       [&](void* p) {
         if (releasing.load()) ++freed_while_releasing;
-        absl::MutexLock lock(&mu);
+        tokensel::MutexLock lock(&mu);
         freed_on.push_back(std::this_thread::get_id());
         std::free(p);
       },
@@ -226,7 +227,7 @@ TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
     releasing = true;
     pool.Release(b);
     releasing = false;
-    absl::MutexLock lock(&mu);
+    tokensel::MutexLock lock(&mu);
     for (const std::thread::id& id : freed_on) ASSERT_NE(id, self) << "freed inside Release";
   }
   ASSERT_EQ(gate.AwaitDrained(absl::Seconds(10)), 0u);
@@ -234,7 +235,7 @@ TEST(BlockPoolShareTest, AReleaseOverTheCapLeavesTheTrimToTheDrainer) {
   EXPECT_LE(pool.cached_bytes(), pool.max_cached_bytes());
   EXPECT_EQ(pool.charged_bytes(), 0u);
   EXPECT_EQ(budget.used_bytes(), 0u);
-  absl::MutexLock lock(&mu);
+  tokensel::MutexLock lock(&mu);
   EXPECT_EQ(freed_on.size(), static_cast<size_t>(pool.frees()));
   for (const std::thread::id& id : freed_on) EXPECT_NE(id, self);
   pool.AttachBudget(nullptr, 0);
@@ -247,27 +248,32 @@ class DrainerHold {
  public:
   explicit DrainerHold(FreeGate& gate) : gate_(gate) {
     id_ = gate_.AddOpenedHook([this] {
-      absl::MutexLock lock(&mu_);
-      running_ = true;
-      mu_.Await(absl::Condition(&let_));
+      {
+        tokensel::MutexLock lock(&mu_);  // its Unlock wakes the constructor's wait
+        running_ = true;
+      }
+      tokensel::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return let_; },
+                           absl::InfiniteDuration());
     });
     gate_.RunOpenedHooksSoon();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&running_));
+    tokensel::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return running_; },
+                         absl::InfiniteDuration());
   }
   ~DrainerHold() {
     Let();
     gate_.RemoveOpenedHook(id_);  // waits for the call in progress
   }
   void Let() {
-    absl::MutexLock lock(&mu_);
+    tokensel::MutexLock lock(&mu_);
     let_ = true;
   }
 
  private:
   FreeGate& gate_;
   uint64_t id_ = 0;
-  absl::Mutex mu_;
+  tokensel::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool let_ ABSL_GUARDED_BY(mu_) = false;
 };
