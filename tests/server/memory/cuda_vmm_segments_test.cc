@@ -42,15 +42,7 @@ class CudaVmmSegmentsTest : public ::testing::Test {
     return driver_.Clean();
   }
 
-  static CudaVmmMapperOptions Options(uint64_t cap = UINT64_MAX) {
-    CudaVmmMapperOptions options;
-    options.device_uuids = {kGpu0, kGpu1};
-    struct stat st;
-    EXPECT_EQ(stat("/dev/null", &st), 0);
-    options.nvidia_major = major(st.st_rdev);
-    options.max_mapped_bytes_per_device = cap;
-    return options;
-  }
+  static CudaVmmMapperOptions Options(uint64_t cap = UINT64_MAX) { return FakeMapperOptions(cap); }
 
   // A "VMM descriptor" for an allocation of `size` bytes on `ordinal`.
   core::VmmSegmentSpec Segment(uint64_t size, uint64_t declared, int ordinal = 0) {

@@ -27,15 +27,7 @@ using ::absl::StatusCode;
 using ::tokensel::testing::StatusIs;
 using FakeDriver = FakeCudaVmmDriver;
 
-CudaVmmMapperOptions ShareOptions(uint64_t cap) {
-  CudaVmmMapperOptions options;
-  options.device_uuids = {kGpu0, kGpu1};
-  struct stat st;
-  EXPECT_EQ(stat("/dev/null", &st), 0);
-  options.nvidia_major = major(st.st_rdev);
-  options.max_mapped_bytes_per_device = cap;
-  return options;
-}
+CudaVmmMapperOptions ShareOptions(uint64_t cap) { return FakeMapperOptions(cap); }
 
 // A whole allocation of `size` bytes on device `ordinal` (GPU 0 or 1),
 // mapped whole (allocation_size stated).

@@ -13,6 +13,8 @@
 #define TOKENSEL_TESTS_SERVER_MEMORY_FAKE_CUDA_VMM_DRIVER_H_
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -28,6 +30,7 @@
 #include "common/unique_fd.h"
 #include "server/core/free_gate.h"
 #include "server/memory/cuda_vmm_driver.h"
+#include "server/memory/cuda_vmm_mapper.h"
 
 namespace tokensel::memory {
 
@@ -42,6 +45,18 @@ inline constexpr char kGpu2[] = "GPU-00000000-0000-0000-0000-00000000000c";  // 
 // or running (server/core/free_gate.h).
 inline void AwaitVmmTeardowns() {
   for (int d : {0, 1}) (void)core::FreeGate::ForDevice(d).AwaitDrained(absl::Seconds(10));
+}
+
+// Mapper options for the fake: serves kGpu0 and kGpu1, takes /dev/null's
+// major as NVIDIA's (the fake's descriptors are /dev/null), mapped bytes
+// capped at `cap` per device.
+inline CudaVmmMapperOptions FakeMapperOptions(uint64_t cap = UINT64_MAX) {
+  CudaVmmMapperOptions options;
+  options.device_uuids = {kGpu0, kGpu1};
+  struct stat st {};
+  if (stat("/dev/null", &st) == 0) options.nvidia_major = major(st.st_rdev);
+  options.max_mapped_bytes_per_device = cap;
+  return options;
 }
 
 class FakeCudaVmmDriver final : public CudaVmmDriver {
