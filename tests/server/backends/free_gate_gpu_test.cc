@@ -74,6 +74,7 @@ class StuckStream {
   }
   StuckStream(const StuckStream&) = delete;
   StuckStream& operator=(const StuckStream&) = delete;
+  bool released() const { return released_.load(); }
   void Release() { released_ = true; }
 
  private:
@@ -90,6 +91,12 @@ class StuckStream {
 // Runs `call` on its own thread; true if it returned within kLimit. If not,
 // releases `stuck` (the call then returns) and joins.
 bool ReturnsWhileStuck(StuckStream& stuck, const std::function<void()>& call) {
+  // After a timeout released the stream, a later check would pass without
+  // testing anything: it fails instead.
+  if (stuck.released()) {
+    ADD_FAILURE() << "the stuck stream was released by an earlier timeout";
+    return false;
+  }
   std::atomic<bool> done{false};
   std::thread t([&] {
     call();
