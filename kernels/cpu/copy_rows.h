@@ -38,14 +38,19 @@ inline constexpr int64_t kStreamMinRowBytes = 256;
 
 // Gathers read their source rows in an order the hardware prefetchers do not
 // follow (seq-first: every row from another token of another sequence; even
-// batch-first skips the dropped tokens, and a 2-4 KiB row is too short for
-// the L2 streamer to lock on before it ends). So the gather loops prefetch the
-// source row that is kPrefetchAheadBytes (at least two rows) ahead, into L2
-// (T1: the row is read once, so it need not displace L1). Chosen by A/B runs
-// of the gather benchmark (docs/development.md, "CPU gather"): 0, 1, 2 and 4
-// rows ahead, hints T0, T1 and NTA.
+// batch-first skips the dropped tokens), so each new row starts with a miss
+// the L2 streamer has not seen coming. The gather loops therefore prefetch the
+// HEAD of the source row kPrefetchAheadBytes (at least two rows) ahead, into
+// L2 (T1: the row is read once, so it need not displace L1). The head is
+// enough: once the copy walks the row's first lines, the streamer follows it
+// to the row's end, and prefetching every line of the row only duplicated the
+// streamer's requests and cost instructions (bf16 t2: 2.2-2.3 ms with the
+// head, 2.4-2.7 ms with the whole row). Chosen by A/B runs of the gather
+// benchmark (docs/development.md, "CPU gather"): distances of 4, 8 and 16 KiB,
+// heads of 2, 4, 8 lines and the whole row, hints T0, T1 and NTA, none.
 inline constexpr int64_t kPrefetchAheadBytes = 4096;
 inline constexpr int64_t kPrefetchMaxRows = 64;
+inline constexpr int64_t kPrefetchHeadBytes = 256;  // 4 cache lines
 
 inline int64_t PrefetchRowsAhead(int64_t row_bytes) {
   const int64_t rows =
@@ -53,12 +58,15 @@ inline int64_t PrefetchRowsAhead(int64_t row_bytes) {
   return std::clamp<int64_t>(rows, 2, kPrefetchMaxRows);
 }
 
-// Asks for the cache lines of [p, p + bytes) in L2. A hint only: never
-// faults, so it may run on any address the copy itself is about to read.
-inline void PrefetchBytes(const char* p, int64_t bytes) {
+// Asks for the first lines of the row [p, p + bytes) in L2: all of it when
+// the row is no longer than kPrefetchHeadBytes, else its head (see above).
+// A hint only: never faults, so it may run on any address the copy itself is
+// about to read.
+inline void PrefetchRowHead(const char* p, int64_t bytes) {
 #if defined(__SSE2__)
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
-  if (bytes > 0) _mm_prefetch(p + bytes - 1, _MM_HINT_T1);  // an unaligned row's last line
+  const int64_t head = std::min(bytes, kPrefetchHeadBytes);
+  for (int64_t i = 0; i < head; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+  if (head > 0) _mm_prefetch(p + head - 1, _MM_HINT_T1);  // an unaligned head's last line
 #else
   (void)p;
   (void)bytes;
@@ -66,7 +74,7 @@ inline void PrefetchBytes(const char* p, int64_t bytes) {
 }
 
 // Every copier: operator()(dst, src) copies one row; Prefetch(src) hints the
-// row at src into the cache (a no-op where a row is not one byte range);
+// head of the row at src into the cache (a no-op where a row is not one byte range);
 // Finish() must run after a thread's last row (it orders streaming stores
 // before the hand-off).
 
@@ -76,7 +84,7 @@ struct ContiguousRowCopy {
   void operator()(char* dst, const char* src) const {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
-  void Prefetch(const char* src) const { PrefetchBytes(src, bytes); }
+  void Prefetch(const char* src) const { PrefetchRowHead(src, bytes); }
   void Finish() const {}
 };
 
@@ -105,7 +113,7 @@ struct StreamingRowCopy {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
 #endif
   }
-  void Prefetch(const char* src) const { PrefetchBytes(src, bytes); }
+  void Prefetch(const char* src) const { PrefetchRowHead(src, bytes); }
   void Finish() const {
 #if defined(__SSE2__)
     _mm_sfence();
