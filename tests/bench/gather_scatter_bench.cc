@@ -5,6 +5,8 @@
 // Cases "<op>.<dtype>.<layout>.t<threads>/op" and ".../baseline_memcpy":
 //   gather/scatter: B=16, S=2048, C=1024, R=1536, random sorted unique int64
 //   indices per row; bf16 and fp32; batch_first and seq_first; 1 and 2 threads.
+//   The t2 cases also have ".../baseline_memcpy_t2": the same memcpy split
+//   over the two threads of the op's pool, the bound a 2-thread op meets.
 //   bert_mask.fp16: L=12, B=8, H=1, S=Sq=512, R=256.
 //   merge/split: the gather/scatter shape; the baseline is a memcpy of the
 //   B*S*C elements the op writes (merge: out; split: rest_grad, plus the
@@ -74,6 +76,24 @@ void BaselineMemcpy(benchmark::State& state, int64_t bytes) {
   TokenBuffers& buf = TokenBuffers::Get();
   for (auto _ : state) {
     std::memcpy(buf.copy_dst.data(), buf.tokens.data(), static_cast<size_t>(bytes));
+    benchmark::ClobberMemory();
+  }
+  SetMoved(state, bytes, 0);
+}
+
+// The same copy split over `threads` threads of the ops' pool (chunks of
+// whole 64-byte lines): the yardstick of the t2 cases, which run on as many
+// threads.
+void BaselineMemcpyThreads(benchmark::State& state, int64_t bytes, int threads) {
+  TokenBuffers& buf = TokenBuffers::Get();
+  ThreadPool* pool = PoolFor(threads);
+  const int64_t lines = (bytes + 63) / 64;
+  for (auto _ : state) {
+    pool->ParallelFor(lines, 1024, [&](int64_t begin, int64_t end) {
+      const int64_t lo = begin * 64;
+      const int64_t hi = std::min(end * 64, bytes);
+      std::memcpy(buf.copy_dst.data() + lo, buf.tokens.data() + lo, static_cast<size_t>(hi - lo));
+    });
     benchmark::ClobberMemory();
   }
   SetMoved(state, bytes, 0);
@@ -206,6 +226,13 @@ int RegisterAll() {
           benchmark::RegisterBenchmark((name + "/baseline_memcpy").c_str(), BaselineMemcpy, bytes)
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
+          if (threads > 1) {
+            benchmark::RegisterBenchmark(
+                (name + "/baseline_memcpy_t" + std::to_string(threads)).c_str(),
+                BaselineMemcpyThreads, bytes, threads)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+          }
         }
       }
     }

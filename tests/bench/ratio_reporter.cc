@@ -64,13 +64,14 @@ void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
 
 void RatioReporter::Finalize() {
   ConsoleReporter::Finalize();
-  std::printf("\nRatios against the baseline of each case (baseline_time / time; >1 = faster)\n");
+  std::printf(
+      "\nRatios against the (first) baseline of each case (baseline_time / time; >1 = faster)\n");
   std::printf("%-44s %-22s %14s %9s\n", "case", "variant", "time (us)", "ratio");
   for (const std::string& key : case_order_) {
     const auto& entries = cases_[key];
     double base = 0;
     for (const Entry& e : entries) {
-      if (e.variant.rfind("baseline", 0) == 0) base = e.real_time_ns;
+      if (base == 0 && e.variant.rfind("baseline", 0) == 0) base = e.real_time_ns;
     }
     for (const Entry& e : entries) {
       if (base > 0) {
