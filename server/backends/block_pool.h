@@ -43,8 +43,10 @@
 //  - While the gate (FreeGate) is closed nothing is freed: idle blocks may
 //    then exceed `max_cached_bytes`. Those bytes beyond the cap, which no
 //    request pays for any more, are charged (by a Release that finds the
-//    gate closed, or by the drainer's trim that finds it closed; never
-//    while it is open) to the MemoryBudget given to
+//    gate closed, or by the drainer's trim that finds it closed; with the
+//    gate open only by a Release that saw it closed just before it
+//    opened, and the trim already asked for settles that) to the
+//    MemoryBudget given to
 //    AttachBudget, on the account of the pool's device or, for pinned
 //    pools, the host's (PoolWiringOf below; a
 //    MemoryBudget::WeakCharge of the pool's own, grown past the bounds if

@@ -251,10 +251,7 @@ void FreeGate::DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexce
   }
   Share& share = it->second;
   share.rooms -= std::min(rooms, share.rooms);
-  const uint64_t byte_share = ByteShareLocked();
-  owned_counted_bytes_ -= std::min(share.deferred_bytes, byte_share);
-  share.deferred_bytes -= std::min(bytes, share.deferred_bytes);
-  owned_counted_bytes_ += std::min(share.deferred_bytes, byte_share);
+  SetShareBytesLocked(share, share.deferred_bytes - std::min(bytes, share.deferred_bytes));
   if (share.rooms == 0 && share.deferred_bytes == 0) {
     share_ids_.erase(share.owner);
     shares_.erase(it);
@@ -267,11 +264,15 @@ void FreeGate::AddShareBytesLocked(uint64_t id, uint64_t bytes) {
     unowned_bytes_ += bytes;
     return;
   }
+  SetShareBytesLocked(it->second, it->second.deferred_bytes + bytes);
+}
+
+void FreeGate::SetShareBytesLocked(Share& share, uint64_t bytes) {
   // Counted toward the gate's limit only up to the owner's share.
   const uint64_t byte_share = ByteShareLocked();
-  owned_counted_bytes_ -= std::min(it->second.deferred_bytes, byte_share);
-  it->second.deferred_bytes += bytes;
-  owned_counted_bytes_ += std::min(it->second.deferred_bytes, byte_share);
+  owned_counted_bytes_ -= std::min(share.deferred_bytes, byte_share);
+  share.deferred_bytes = bytes;
+  owned_counted_bytes_ += std::min(share.deferred_bytes, byte_share);
 }
 
 size_t FreeGate::reserved_by(absl::string_view owner) const {
@@ -357,9 +358,19 @@ size_t FreeGate::Drain(bool drainer) noexcept {
     }
     Run(next);
     EndFree();
-    tokensel::MutexLock lock(&list_mu_);
-    --running_;
-    ++ran_;
+    bool hooks = false;
+    {
+      tokensel::MutexLock lock(&list_mu_);
+      --running_;
+      ++ran_;
+      hooks = drainer && opened_;
+    }
+    // Between teardowns, not only after the last: a pool over its cap asks
+    // for its trim with the gate open and is not charged until it ran
+    // (block_pool.h), so a long queue (each close waiting on the device)
+    // must not hold the trim back (the CUDA read of the eighth session,
+    // RISK 1).
+    if (hooks) RunOpenedHooks();
   }
   tokensel::MutexLock lock(&list_mu_);
   return deferred_.size();

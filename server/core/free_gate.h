@@ -301,6 +301,8 @@ class FreeGate {
   void AddShareBytesLocked(uint64_t id, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   void DropShareLocked(uint64_t id, size_t rooms, uint64_t bytes) noexcept
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
+  // share.deferred_bytes = bytes, keeping owned_counted_bytes_.
+  void SetShareBytesLocked(Share& share, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   uint64_t ByteShareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);
   absl::Status CheckRoomLocked(absl::string_view what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(list_mu_);

@@ -153,10 +153,7 @@ absl::Status Handlers::Register(const std::string& session,
   }
   // The peer's share of the device's FreeGate (VMM mappings, IPC handles:
   // free_gate.h); a client cannot set it.
-  if (auto* fd_spec = std::get_if<core::FdRegionSpec>(&spec)) fd_spec->owner = std::string(owner);
-  if (auto* ipc_spec = std::get_if<core::CudaIpcSpec>(&spec)) {
-    ipc_spec->owner = std::string(owner);
-  }
+  std::visit([&](auto& region) { region.owner = std::string(owner); }, spec);
   ASSIGN_OR_RETURN(core::BufferInfo info, deps_.registry->Register(session, request.name(), spec));
   BufferInfoToProto(info, response->mutable_buffer());
   return absl::OkStatus();

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "common/mutex.h"
 #include "gtest/gtest.h"
 #include "server/backends/block_pool.h"
 #include "server/core/free_gate.h"
@@ -202,6 +204,45 @@ TEST(FreeGateReviewTest, DeferredBytesPastTheLimitRefuseNewResourcesOnThatDevice
   EXPECT_EQ(gate.reserved(), 0u);
   gate.set_max_deferred_bytes(FreeGate::kDefaultMaxDeferredBytes);
   other.set_max_deferred_bytes(FreeGate::kDefaultMaxDeferredBytes);
+}
+
+// The CUDA read of the eighth session, RISK 1: the drainer ran the opened
+// hooks only once its queue was empty, and a pool over its cap with the gate
+// open stays uncharged until its hook (the trim) ran, so a long queue of
+// teardowns let idle blocks grow unbounded meanwhile. The hooks now run
+// between teardowns.
+struct OrderLog {
+  tokensel::Mutex mu;
+  std::vector<int> order ABSL_GUARDED_BY(mu);  // 0: the hook; k > 0: teardown k
+  void Add(int what) {
+    tokensel::MutexLock lock(&mu);
+    order.push_back(what);
+  }
+};
+
+bool LogRun(void* data, intptr_t arg) {
+  static_cast<OrderLog*>(data)->Add(static_cast<int>(arg));
+  return true;
+}
+
+TEST(FreeGateReviewTest, TheOpenedHooksRunBetweenQueuedTeardowns) {
+  FreeGate gate;
+  OrderLog log;
+  const uint64_t hook = gate.AddOpenedHook([&] { log.Add(0); });
+  constexpr int kQueued = 4;
+  gate.Enter();  // closed: the teardowns queue
+  for (int k = 1; k <= kQueued; ++k) {
+    ASSERT_OK(gate.Reserve("test"));
+    gate.FreeOrDefer({&LogRun, &log, k, 0});
+  }
+  gate.Leave();  // opens: the drainer runs the teardowns and the hooks
+  EXPECT_EQ(gate.AwaitDrained(kReviewWait), 0u);
+  gate.RemoveOpenedHook(hook);
+  tokensel::MutexLock lock(&log.mu);
+  ASSERT_EQ(log.order.size(), static_cast<size_t>(kQueued) + 1);
+  size_t hook_at = 0;
+  while (hook_at < log.order.size() && log.order[hook_at] != 0) ++hook_at;
+  EXPECT_LT(hook_at, static_cast<size_t>(kQueued)) << "the hook ran after every teardown";
 }
 
 }  // namespace

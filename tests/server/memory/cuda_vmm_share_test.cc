@@ -283,10 +283,9 @@ TEST(FreeGateShareTest, OnePeerHoldsTheRegistrysLargestLimitLive) {
     id = *room;
   }
   EXPECT_EQ(gate.reserved_by("uid:1001"), SigbusGuard::kCapacity);
-  if (SigbusGuard::kCapacity == core::FreeGate::kMaxPendingPerOwner) {
-    EXPECT_THAT(gate.ReserveFor("a mapping", "uid:1001"),
-                StatusIs(StatusCode::kResourceExhausted, "its share of 65536"));
-  }
+  static_assert(SigbusGuard::kCapacity == core::FreeGate::kMaxPendingPerOwner);
+  EXPECT_THAT(gate.ReserveFor("a mapping", "uid:1001"),
+              StatusIs(StatusCode::kResourceExhausted, "its share of 65536"));
   absl::StatusOr<uint64_t> other = gate.ReserveFor("a mapping", "uid:1002");
   ASSERT_TRUE(other.ok()) << other.status();  // the others' room stays
   gate.Unreserve(*other);
